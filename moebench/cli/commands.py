@@ -1,0 +1,3 @@
+"""Imports every command module so that each registers itself on the `cli` group."""
+
+from moebench.cli import fixtures_cmd  # noqa: F401

@@ -1,0 +1,19 @@
+"""Options and helpers shared by several commands."""
+
+from __future__ import annotations
+
+import click
+
+from moebench.fixtures import ShapeRegistry
+
+shape_option = click.option("--shape", "shapes", multiple=True, metavar="S[,S...]",
+                            help="Shape names such as A8, Q128 (repeat or comma-separate).")
+shapes_file_option = click.option("--shapes-file", type=click.Path(dir_okay=False), default=None,
+                                  help="TOML file of extra families ([families.X] tables).")
+balancedness_option = click.option("--balancedness", type=float, default=0.8, show_default=True,
+                                   help="Routing balance b: p = b*uniform + (1-b)*Zipf(1).")
+
+
+def registry(shapes_file: str | None) -> ShapeRegistry:
+    reg = ShapeRegistry()
+    return reg.with_shapes_file(shapes_file) if shapes_file else reg

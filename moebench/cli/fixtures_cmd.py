@@ -1,0 +1,61 @@
+"""`moebench fixtures`: build fixtures and describe them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from moebench.cli import cli
+from moebench.cli.common import balancedness_option, registry, shape_option, shapes_file_option
+from moebench.fixtures import build_fixture
+from moebench.fixtures.summary import fixture_summary
+
+DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
+
+
+@cli.command()
+@shape_option
+@shapes_file_option
+@balancedness_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def fixtures(shapes, shapes_file, balancedness, as_json):
+    """Build fixtures and print their dims, routing, floors and fingerprint."""
+    specs = registry(shapes_file).resolve_many(list(shapes) or list(DEFAULT_SHAPES), balancedness=balancedness)
+    summaries = []
+    for spec in specs:
+        start = time.perf_counter()
+        fx = build_fixture(spec)
+        summaries.append({**fixture_summary(fx), "build_seconds": round(time.perf_counter() - start, 3)})
+    if as_json:
+        click.echo(json.dumps(summaries, indent=2))
+        return
+    console = Console()
+    for s in summaries:
+        console.print(_fixture_table(s))
+
+
+def _fixture_table(s: dict) -> Table:
+    t = Table(title=f"{s['name']} — {s['description']}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    tpe = s["tokens_per_expert"]
+    fl = s["floors"]
+    rows = [
+        ("dims", f"M={s['M']} K={s['K']} E={s['E']} top_k={s['top_k']} N={s['N']} (I={s['I']})"
+                 + (", shared expert" if s["shared_expert"] else "")),
+        ("seed", str(s["seed"])),
+        ("balancedness", f"{s['balancedness']:g}"),
+        ("experts routed", str(s["experts_routed"])),
+        ("tokens per expert", f"min {tpe['min']}  median {tpe['median']:g}  max {tpe['max']}"),
+        ("HBM bytes", f"{fl['hbm_bytes'] / 1e6:,.2f} MB (weights {fl['weight_bytes'] / 1e6:,.2f} MB)"),
+        ("FLOPs", f"{fl['flops'] / 1e9:,.3f} GFLOP"),
+        ("fingerprint", s["fingerprint"]),
+        ("built in", f"{s['build_seconds']:.2f} s"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

@@ -1,0 +1,96 @@
+"""What an arm is: a way to compute a fixture's MoE output, prepared once, timed many times.
+
+`Arm.prepare(fixture)` does everything untimed (input quantization, route plans, weight
+layout changes, allocation, compilation) and returns a PreparedCall whose `run()`
+launches only the timed work on PyTorch's current stream. Every arm alike is checked
+against the oracle and audited against the kernels it declares.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import torch
+
+from moebench.errors import UserError
+from moebench.fixtures import Fixture
+
+
+@dataclass(frozen=True)
+class KernelDecl:
+    """One kernel a sample must contain: `count` launches whose name matches `pattern`
+    (re.search against the name CUPTI reports)."""
+
+    label: str
+    pattern: str
+    count: int = 1
+
+    def matches(self, kernel_name: str) -> bool:
+        return re.search(self.pattern, kernel_name) is not None
+
+
+@dataclass
+class PreparedCall:
+    arm: str
+    run: Callable[[], None]  # launches only the timed kernels, on torch's current stream
+    output: torch.Tensor  # [M, K] bf16, written by run()
+    kernels: tuple[KernelDecl, ...]  # exactly what one sample must contain
+    reset: Callable[[], None] | None = None  # untimed, before every sample (accumulating outputs)
+    identity: dict = field(default_factory=dict)  # config and build hashes, JSON-able, stored in results
+
+    @property
+    def kernels_per_sample(self) -> int:
+        return sum(k.count for k in self.kernels)
+
+
+class Arm(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    @abstractmethod
+    def prepare(self, fx: Fixture) -> PreparedCall:
+        """Untimed set-up for one fixture (on fx.device)."""
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        """None if the arm can run on `device` here; else why not, in one line."""
+        return None
+
+
+ArmFactory = Callable[..., Arm]
+ARMS: dict[str, ArmFactory] = {}
+
+
+def register_arm(name: str):
+    def wrap(factory: ArmFactory) -> ArmFactory:
+        if name in ARMS:
+            raise RuntimeError(f"arm {name!r} registered twice")
+        ARMS[name] = factory
+        return factory
+    return wrap
+
+
+def load_builtin_arms() -> dict[str, ArmFactory]:
+    """Import the modules that register the built-in arms; returns the registry."""
+    import moebench.kernels.registry  # noqa: F401
+    return ARMS
+
+
+def make_arm(name: str, **options) -> Arm:
+    arms = load_builtin_arms()
+    if name not in arms:
+        raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")
+    return arms[name](**options)
+
+
+def parse_arm_list(text: str | list[str] | tuple[str, ...]) -> list[str]:
+    items = [text] if isinstance(text, str) else list(text)
+    names = [n.strip() for item in items for n in item.split(",") if n.strip()]
+    if not names:
+        raise UserError("no arm given")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise UserError(f"arm(s) given twice: {', '.join(dupes)}")
+    return names

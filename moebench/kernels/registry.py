@@ -1,0 +1,5 @@
+"""Imports the modules that define built-in arms; each registers itself with `register_arm`.
+
+An arm module that cannot import here (a missing optional library) must still import:
+it reports the problem through `Arm.unavailable_reason`, not at import time.
+"""
