@@ -1,0 +1,69 @@
+"""Parity: does a prepared arm compute the oracle's function? Checked before any timing.
+
+The output is poisoned with NaN before the call, so an element the arm never wrote shows
+up as non-finite. Arms that accumulate into their output zero it in `reset()` (untimed),
+which overwrites the poison: their accumulation is tested separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moebench.fixtures import rel_l2_error
+from moebench.kernels.arm import PreparedCall
+
+REL_L2_THRESHOLD = 1e-2  # FP8 requant boundaries flip a few codes; a correct kernel lands far below
+
+
+@dataclass(frozen=True)
+class Parity:
+    arm: str
+    shape: str
+    rel_l2: float
+    max_abs: float
+    ref_max_abs: float
+    nonfinite: int  # unwritten (still NaN poison) or NaN/Inf produced
+    threshold: float = REL_L2_THRESHOLD
+
+    @property
+    def passed(self) -> bool:
+        return self.nonfinite == 0 and self.rel_l2 <= self.threshold
+
+    def reason(self) -> str:
+        if self.nonfinite:
+            return f"{self.nonfinite} output elements unwritten or not finite"
+        if self.rel_l2 > self.threshold:
+            return f"relative L2 error {self.rel_l2:.3g} > {self.threshold:g}"
+        return "ok"
+
+
+def poison(t: torch.Tensor) -> None:
+    t.fill_(float("nan"))
+
+
+def compare(arm: str, shape: str, out: torch.Tensor, ref: torch.Tensor,
+            threshold: float = REL_L2_THRESHOLD) -> Parity:
+    out32, ref32 = out.float(), ref.float()
+    finite = torch.isfinite(out32)
+    nonfinite = int((~finite).sum())
+    if nonfinite:
+        rel, max_abs = float("inf"), float("inf")
+    else:
+        rel = rel_l2_error(out32, ref32)
+        max_abs = float((out32 - ref32).abs().max()) if out32.numel() else 0.0
+    ref_max = float(ref32.abs().max()) if ref32.numel() else 0.0
+    return Parity(arm, shape, rel, max_abs, ref_max, nonfinite, threshold)
+
+
+def check_parity(call: PreparedCall, ref: torch.Tensor, shape: str,
+                 threshold: float = REL_L2_THRESHOLD) -> Parity:
+    """Poison, reset, run once, compare with `ref` (the oracle's output for the same fixture)."""
+    poison(call.output)
+    if call.reset is not None:
+        call.reset()
+    call.run()
+    if call.output.is_cuda:
+        torch.cuda.synchronize(call.output.device)
+    return compare(call.arm, shape, call.output, ref, threshold)
