@@ -1,0 +1,60 @@
+"""Save and load RunResults: atomic writes, schema version checked on load."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from moebench.errors import UserError
+from moebench.results.schema import FORMAT, SCHEMA_VERSION, RunResult, from_plain, to_plain
+
+
+def dumps(result: RunResult) -> str:
+    return json.dumps(to_plain(result), indent=1, allow_nan=False) + "\n"
+
+
+def save(result: RunResult, path: str | Path) -> Path:
+    """Write `result` to `path` atomically: a reader sees the old file or the new one, whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = dumps(result)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def loads(text: str, source: str = "<string>") -> RunResult:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{source}: not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f"{source}: not a moebench RunResult (no \"format\": \"{FORMAT}\")")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise UserError(f"{source}: schema_version {version!r}, this moebench reads {SCHEMA_VERSION}")
+    try:
+        return from_plain(RunResult, data)
+    except ValueError as err:
+        raise UserError(f"{source}: malformed RunResult: {err}") from None
+
+
+def load(path: str | Path) -> RunResult:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as err:
+        raise UserError(f"{path}: cannot read: {err}") from None
+    return loads(text, str(path))
