@@ -1,0 +1,106 @@
+"""Terminal tables of a RunResult: the summary per arm and the ratios against the ref.
+
+Renderers never compute: every number here is a field of the RunResult (ArmSummary,
+RatioSummary, Audit, Settings); this module only formats it (ns shown as µs).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from moebench.results.schema import RunResult
+
+
+def _us(ns: float | None) -> str:
+    return "—" if ns is None else f"{ns / 1000:,.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def _tbps(bytes_per_s: float | None) -> str:
+    return "—" if bytes_per_s is None else f"{bytes_per_s / 1e12:.2f}"
+
+
+def timer_label(result: RunResult) -> str:
+    """How the times were taken, as the tables state it."""
+    s = result.settings
+    what = "CUPTI kernel records, gpu_sum" if s.timer == "cupti" else "CUDA EVENTS (not CUPTI), event interval"
+    return f"timer: {what} · flush: {s.flush} ({s.flush_bytes / 2**20:,.0f} MiB) · " \
+           f"{s.rounds} rounds × {s.samples} samples (+{s.warmup} warm-up)"
+
+
+def audit_line(result: RunResult) -> str:
+    a = result.audit
+    state = "passed" if a.passed else "FAILED"
+    drops = f", {a.dropped_records} dropped records" if a.dropped_records else ""
+    return f"audit {state}: {a.samples_passed}/{a.samples_total} samples audited{drops}"
+
+
+def summary_table(result: RunResult) -> Table:
+    """One row per (shape, arm): median of round medians, their range, span, bandwidth."""
+    events = result.settings.timer == "events"
+    t = Table(title="moebench run — durations in µs (median of round medians; n = samples)" + (" (CUDA events)" if events else ""),
+              title_justify="left", caption=timer_label(result), caption_justify="left")
+    t.add_column("shape", style="bold", no_wrap=True)
+    t.add_column("arm", no_wrap=True)
+    t.add_column("median", justify="right", style="bold", no_wrap=True)
+    t.add_column("rows min–max", justify="right", no_wrap=True)
+    t.add_column("span", justify="right", no_wrap=True)
+    t.add_column("n", justify="right", no_wrap=True)
+    t.add_column("floor TB/s", justify="right", no_wrap=True)
+    t.add_column("% read BW", justify="right", no_wrap=True)
+    last_shape = None
+    for s in result.summaries:
+        if last_shape is not None and s.shape != last_shape:
+            t.add_section()
+        t.add_row(s.shape if s.shape != last_shape else "", s.arm, _us(s.median_ns),
+                  f"{_us(s.min_ns)}–{_us(s.max_ns)}", _us(s.span_median_ns), str(s.samples),
+                  _tbps(s.hbm_bandwidth_bytes_per_s), _pct(s.fraction_of_read_bandwidth))
+        last_shape = s.shape
+    return t
+
+
+def ratio_table(result: RunResult) -> Table | None:
+    """ref-row / arm-row per round, median over rounds (> 1: the arm is faster)."""
+    if not result.ratios:
+        return None
+    t = Table(title=f"ratios vs {result.settings.ref} (> 1 favours the arm)", title_justify="left")
+    t.add_column("shape", style="bold", no_wrap=True)
+    t.add_column("arm", no_wrap=True)
+    t.add_column("ratio", justify="right", style="bold")
+    t.add_column("low–high", justify="right")
+    t.add_column("rounds won", justify="right")
+    last_shape = None
+    for r in result.ratios:
+        if last_shape is not None and r.shape != last_shape:
+            t.add_section()
+        style = "green" if r.low > 1 else "red" if r.high < 1 else ""
+        t.add_row(r.shape if r.shape != last_shape else "", r.arm, f"[{style}]{r.median:.3f}[/]" if style
+                  else f"{r.median:.3f}", f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}")
+        last_shape = r.shape
+    return t
+
+
+def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
+    """The audit's findings, one line each (the first `limit`)."""
+    lines = [f"{f.shape} {f.arm} round {f.round} sample {f.index}: {f.reason}"
+             for f in result.audit.findings[:limit]]
+    more = len(result.audit.findings) - limit
+    if more > 0:
+        lines.append(f"... and {more} more findings")
+    return lines
+
+
+def print_tables(result: RunResult, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(summary_table(result))
+    ratios = ratio_table(result)
+    if ratios is not None:
+        console.print(ratios)
+    style = "green" if result.audit.passed else "bold red"
+    console.print(f"[{style}]{audit_line(result)}[/]")
+    for line in findings_lines(result):
+        console.print(f"  [red]{line}[/]", highlight=False)
