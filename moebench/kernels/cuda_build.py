@@ -1,0 +1,491 @@
+"""CUDA sources compiled at run time by NVRTC, cached on disk, launched on torch's stream.
+
+A build is identified by `build_hash`: SHA-256 over the source text, the text of every
+local header it includes (recursively), the NVRTC flags, the defines, the target arch,
+the NVRTC version and the cache format. Entries live in ~/.cache/moebench/cuda (or
+$MOEBENCH_CACHE) as `<hash>.cubin` plus `<hash>.json` (metadata, written last). A build
+runs under an fcntl lock on `<hash>.lock`; each file is written to a temporary name and
+renamed into place, so a reader sees a whole entry or none. An entry whose cubin does not
+match the SHA-256 in its metadata, or whose metadata does not parse, is rebuilt.
+
+Compiling needs no GPU (NVRTC runs on the host and ptxas's verbose log gives each
+kernel's registers, shared memory and spills); loading a kernel and launching do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+KERNELS_DIR = Path(__file__).resolve().parent
+CACHE_FORMAT = "moebench-cuda-cache-v1"
+DEFAULT_ARCH = "sm_90a"
+BASE_FLAGS = ("-std=c++17", "--ptxas-options=-v")
+MAX_DEFAULT_SHARED_BYTES = 48 * 1024  # above this a kernel needs its dynamic limit raised
+
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+# ---------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class KernelResources:
+    registers: int
+    shared_bytes: int  # static shared memory; dynamic shared memory is chosen at launch
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+@dataclass(frozen=True)
+class CudaBuild:
+    """What identifies one compiled module, stored with every result that used it."""
+
+    name: str
+    build_hash: str  # the cache key
+    source_sha256: str
+    binary_sha256: str
+    flags: tuple[str, ...]
+    defines: tuple[tuple[str, str], ...]
+    arch: str
+    nvrtc_version: str
+    headers: tuple[tuple[str, str], ...]  # (local header name, its SHA-256)
+    resources: dict = field(default_factory=dict)  # mangled kernel name -> KernelResources
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["flags"] = list(self.flags)
+        d["defines"] = {k: v for k, v in self.defines}
+        d["headers"] = {k: v for k, v in self.headers}
+        d["resources"] = {k: asdict(v) for k, v in self.resources.items()}
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @property
+    def spills(self) -> int:
+        return sum(r.spill_stores + r.spill_loads for r in self.resources.values())
+
+
+class CudaBuildError(RuntimeError):
+    """NVRTC rejected a source: the message carries its log."""
+
+
+# ---------------------------------------------------------------------------- environment
+
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+    err, major, minor = nvrtc.nvrtcVersion()
+    if int(err) != 0:
+        raise CudaBuildError(f"nvrtcVersion failed: {err}")
+    return f"{major}.{minor}"
+
+
+def cuda_include_dirs() -> list[str]:
+    """Where cuda_fp8.h and friends live: the pip wheel nvidia-cuda-runtime first (so users
+    need no toolkit), then $CUDA_HOME / $CUDA_PATH, then /usr/local/cuda."""
+    found: list[str] = []
+    try:
+        import nvidia  # namespace package of the NVIDIA pip wheels
+        for root in map(Path, getattr(nvidia, "__path__", [])):
+            for sub in ("cu13/include", "cu12/include", "cuda_runtime/include"):
+                if (root / sub / "cuda_fp8.h").is_file():
+                    found.append(str(root / sub))
+    except ImportError:
+        pass
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            found.append(os.path.join(os.environ[env], "include"))
+    found.append("/usr/local/cuda/include")
+    seen, out = set(), []
+    for d in found:
+        if d not in seen and Path(d, "cuda_fp8.h").is_file():
+            seen.add(d)
+            out.append(d)
+    return out[:1]  # one toolkit's headers, never a mix
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MOEBENCH_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "moebench"
+    return base / "cuda"
+
+
+# ---------------------------------------------------------------------------- key
+
+def local_headers(source: str, search: tuple[Path, ...]) -> dict[str, str]:
+    """Text of every `#include "..."` header found in `search`, recursively, by name."""
+    out: dict[str, str] = {}
+    todo = list(_INCLUDE_RE.findall(source))
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        for d in search:
+            p = d / name
+            if p.is_file():
+                text = p.read_text()
+                out[name] = text
+                todo.extend(_INCLUDE_RE.findall(text))
+                break
+    return dict(sorted(out.items()))
+
+
+def build_key(source: str, headers: dict[str, str], flags: tuple[str, ...],
+              defines: dict[str, str], arch: str, nvrtc: str, name_expressions: tuple[str, ...] = ()) -> str:
+    h = hashlib.sha256()
+    blob = {
+        "format": CACHE_FORMAT, "arch": arch, "nvrtc": nvrtc, "flags": list(flags),
+        "defines": sorted(defines.items()), "name_expressions": list(name_expressions),
+        "source": hashlib.sha256(source.encode()).hexdigest(),
+        "headers": {k: hashlib.sha256(v.encode()).hexdigest() for k, v in headers.items()},
+    }
+    h.update(json.dumps(blob, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- ptxas log
+
+_ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
+_PROPS_RE = re.compile(r"Function properties for (\S+)")
+_FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED_RE = re.compile(r"Used (\d+) registers")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_log(log: str) -> dict[str, KernelResources]:
+    """Per-kernel resources from ptxas's verbose log (entry functions only)."""
+    entries: dict[str, dict] = {}
+    current = None
+    for line in log.splitlines():
+        if m := _ENTRY_RE.search(line):
+            current = m.group(1)
+            entries[current] = dict(registers=0, shared_bytes=0, spill_stores=0, spill_loads=0, stack_bytes=0)
+        elif m := _PROPS_RE.search(line):
+            current = m.group(1) if m.group(1) in entries else current
+        elif current is not None and (m := _FRAME_RE.search(line)):
+            entries[current].update(stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)),
+                                    spill_loads=int(m.group(3)))
+        elif current is not None and (m := _USED_RE.search(line)):
+            entries[current]["registers"] = int(m.group(1))
+            if s := _SMEM_RE.search(line):
+                entries[current]["shared_bytes"] = int(s.group(1))
+    return {k: KernelResources(**v) for k, v in entries.items()}
+
+
+# ---------------------------------------------------------------------------- flags
+
+def _program_options(name: str, arch: str, flags: tuple[str, ...], defines: dict[str, str],
+                     include_dirs: list[str]):
+    """Our flag strings -> cuda.core ProgramOptions (only the flags we know how to map)."""
+    from cuda.core import ProgramOptions
+    kw: dict = dict(name=name, arch=arch, include_path=include_dirs,
+                    define_macro=[(k, v) for k, v in sorted(defines.items())] or None)
+    ptxas: list[str] = []
+    for f in flags:
+        if f.startswith("-std="):
+            kw["std"] = f.split("=", 1)[1]
+        elif f.startswith(("--ptxas-options=", "-Xptxas=")):
+            ptxas.extend(f.split("=", 1)[1].split(","))
+        elif f in ("-lineinfo", "--generate-line-info"):
+            kw["lineinfo"] = True
+        elif f in ("-use_fast_math", "--use_fast_math"):
+            kw["use_fast_math"] = True
+        elif f.startswith(("-maxrregcount=", "--maxrregcount=")):
+            kw["max_register_count"] = int(f.split("=", 1)[1])
+        elif f.startswith(("-ftz=", "--ftz=")):
+            kw["ftz"] = f.split("=", 1)[1] == "true"
+        else:
+            raise ValueError(f"unsupported NVRTC flag {f!r}")
+    kw["ptxas_options"] = ptxas or None
+    return ProgramOptions(**kw)
+
+
+# ---------------------------------------------------------------------------- cache I/O
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _read_entry(root: Path, key: str) -> tuple[bytes, dict] | None:
+    """The cubin and metadata of a whole, uncorrupted entry; None otherwise."""
+    meta_path, bin_path = root / f"{key}.json", root / f"{key}.cubin"
+    try:
+        meta = json.loads(meta_path.read_text())
+        cubin = bin_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
+        return None
+    if hashlib.sha256(cubin).hexdigest() != meta.get("build", {}).get("binary_sha256"):
+        return None
+    return cubin, meta
+
+
+def _build_from_meta(meta: dict) -> CudaBuild:
+    b = dict(meta["build"])
+    b["flags"] = tuple(b["flags"])
+    b["defines"] = tuple(sorted(b["defines"].items()))
+    b["headers"] = tuple(sorted(b["headers"].items()))
+    b["resources"] = {k: KernelResources(**v) for k, v in b["resources"].items()}
+    return CudaBuild(**b)
+
+
+# ---------------------------------------------------------------------------- module
+
+class CudaModule:
+    """A compiled module: its build record, its cubin, and (once on a GPU) its kernels."""
+
+    def __init__(self, build: CudaBuild, cubin: bytes, symbol_mapping: dict[str, str],
+                 log: str = "", cache_hit: bool = False):
+        self.build = build
+        self.cubin = cubin
+        self.symbol_mapping = dict(symbol_mapping)
+        self.log = log
+        self.cache_hit = cache_hit
+        self._object_code = None
+        self._kernels: dict = {}
+
+    def mangled(self, name: str) -> str:
+        return self.symbol_mapping.get(name, name)
+
+    def resources(self, name: str) -> KernelResources:
+        return self.build.resources[self.mangled(name)]
+
+    def kernel(self, name: str, device: int | None = None):
+        """The loaded cuda.core Kernel `name` (a name expression or an extern "C" name)."""
+        if name in self._kernels:
+            return self._kernels[name]
+        from cuda.core import Device, ObjectCode
+        dev = Device(_torch_device_index(device))
+        dev.set_current()
+        if self._object_code is None:
+            self._object_code = ObjectCode.from_cubin(self.cubin, name=self.build.name,
+                                                      symbol_mapping=self.symbol_mapping)
+        k = self._object_code.get_kernel(name)
+        self._kernels[name] = k
+        return k
+
+
+def _torch_device_index(device: int | None) -> int:
+    if device is not None:
+        return int(device)
+    import torch
+    return torch.cuda.current_device()
+
+
+_MEMO: dict[str, CudaModule] = {}
+
+
+def compile_source(source: str | os.PathLike, *, defines: dict[str, str] | None = None,
+                   name_expressions: tuple[str, ...] = (), arch: str = DEFAULT_ARCH,
+                   extra_flags: tuple[str, ...] = (), name: str | None = None,
+                   use_cache: bool = True) -> CudaModule:
+    """Compile a .cu file (a path, or a file name in moebench/kernels/) or source text for
+    `arch`, through the on-disk cache. Needs no GPU."""
+    text, name, search = _resolve_source(source, name)
+    defines = {str(k): str(v) for k, v in (defines or {}).items()}
+    flags = tuple(BASE_FLAGS) + tuple(extra_flags)
+    headers = local_headers(text, search)
+    nvrtc = nvrtc_version()
+    key = build_key(text, headers, flags, defines, arch, nvrtc, tuple(name_expressions))
+    if use_cache and key in _MEMO:
+        return _MEMO[key]
+    root = cache_dir()
+    if use_cache:
+        hit = _read_entry(root, key)
+        if hit is None:
+            with _locked(root / f"{key}.lock"):
+                hit = _read_entry(root, key)  # another process may have built it meanwhile
+                if hit is None:
+                    module = _compile(text, name, search, headers, flags, defines, arch, nvrtc,
+                                      tuple(name_expressions), key)
+                    _publish(root, key, module)
+                    _MEMO[key] = module
+                    return module
+        cubin, meta = hit
+        module = CudaModule(_build_from_meta(meta), cubin, meta.get("symbol_mapping", {}),
+                            meta.get("log", ""), cache_hit=True)
+    else:
+        module = _compile(text, name, search, headers, flags, defines, arch, nvrtc,
+                          tuple(name_expressions), key)
+    _MEMO[key] = module
+    return module
+
+
+def clear_memo() -> None:
+    """Forget modules loaded in this process (tests; the disk cache is untouched)."""
+    _MEMO.clear()
+
+
+def _resolve_source(source, name) -> tuple[str, str, tuple[Path, ...]]:
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
+                                            and source.endswith((".cu", ".cuh"))):
+        p = Path(source)
+        if not p.is_absolute() and not p.exists():
+            p = KERNELS_DIR / p
+        if not p.is_file():
+            raise FileNotFoundError(f"no CUDA source {source}")
+        return p.read_text(), name or p.name, (p.resolve().parent, KERNELS_DIR)
+    return str(source), name or "inline.cu", (KERNELS_DIR,)
+
+
+def _compile(text, name, search, headers, flags, defines, arch, nvrtc, name_expressions, key) -> CudaModule:
+    from cuda.core import Program
+    include_dirs = [str(d) for d in dict.fromkeys(search)] + cuda_include_dirs()
+    options = _program_options(name, arch, flags, defines, include_dirs)
+    log = io.StringIO()
+    try:
+        program = Program(text, "c++", options)
+        obj = program.compile("cubin", name_expressions=tuple(name_expressions), logs=log)
+    except Exception as err:  # NVRTC's log is in the message or in `log`
+        raise CudaBuildError(f"NVRTC failed to compile {name} for {arch}: {err}\n{log.getvalue()}") from err
+    cubin = bytes(obj.code)
+    mapping = getattr(obj, "symbol_mapping", None) or getattr(obj, "_sym_map", None) or {}
+    mapping = {str(k): (v.decode() if isinstance(v, bytes) else str(v)) for k, v in mapping.items()}
+    build = CudaBuild(
+        name=name, build_hash=key, source_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        binary_sha256=hashlib.sha256(cubin).hexdigest(), flags=flags,
+        defines=tuple(sorted(defines.items())), arch=arch, nvrtc_version=nvrtc,
+        headers=tuple((k, hashlib.sha256(v.encode()).hexdigest()) for k, v in headers.items()),
+        resources=parse_ptxas_log(log.getvalue()),
+    )
+    return CudaModule(build, cubin, mapping, log.getvalue(), cache_hit=False)
+
+
+def _publish(root: Path, key: str, module: CudaModule) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    meta = {"format": CACHE_FORMAT, "build": module.build.to_dict(),
+            "symbol_mapping": module.symbol_mapping, "log": module.log}
+    _atomic_write(root / f"{key}.cubin", module.cubin)
+    _atomic_write(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())  # last
+
+
+# ---------------------------------------------------------------------------- launch
+
+_STREAMS: dict[int, object] = {}
+
+
+def current_stream():
+    """torch's current stream as a cuda.core Stream."""
+    import torch
+    from cuda.core import Stream
+    handle = int(torch.cuda.current_stream().cuda_stream)
+    s = _STREAMS.get(handle)
+    if s is None:
+        s = Stream.from_handle(handle)
+        _STREAMS[handle] = s
+    return s
+
+
+_SMEM_RAISED: dict[tuple[int, int], int] = {}
+
+
+def _raise_shared_limit(kernel, shared_bytes: int, device: int) -> None:
+    key = (id(kernel), device)
+    if _SMEM_RAISED.get(key, 0) >= shared_bytes:
+        return
+    from cuda.bindings import driver
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        dev = driver.CUdevice(device)
+        (err,) = driver.cuKernelSetAttribute(attr, shared_bytes, handle, dev)
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, shared_bytes)
+    if int(err) != 0:
+        raise RuntimeError(f"could not allow {shared_bytes} B of dynamic shared memory: {err}")
+    _SMEM_RAISED[key] = shared_bytes
+
+
+def launch(kernel, grid, block, shared_bytes: int, *args, stream=None) -> None:
+    """Launch on torch's current stream (or `stream`). Pointers go as ints (data_ptr()),
+    scalars as numpy scalars of the kernel's parameter type, TMA descriptors as returned
+    by `tensor_map`."""
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as _launch
+    if shared_bytes > MAX_DEFAULT_SHARED_BYTES:
+        _raise_shared_limit(kernel, shared_bytes, _torch_device_index(None))
+    config = LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
+    _launch(stream if stream is not None else current_stream(), config, kernel, *args)
+
+
+# ---------------------------------------------------------------------------- TMA
+
+def tensor_map(tensor, box_dim: tuple[int, ...], *, swizzle: str = "128B", l2_promotion: str = "256B"):
+    """A tiled TMA descriptor over a CUDA tensor, encoded on the host.
+
+    `box_dim` is in the tensor's own (row-major, outermost first) order, in elements, as
+    cuda.core takes it; elements outside the tensor read as zero. FP8 tensors are described
+    as uint8 (same bytes). The kernel receives it as a `const __grid_constant__` 128-byte,
+    64-aligned struct (sm90_common.cuh: TmaDescriptor).
+    """
+    import torch
+    from cuda.core import StridedMemoryView
+    from cuda.core._tensor_map import TensorMapL2Promotion, TensorMapSwizzle
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        tensor = tensor.view(torch.uint8)
+    sw = {"none": TensorMapSwizzle.NONE, "32B": TensorMapSwizzle.SWIZZLE_32B,
+          "64B": TensorMapSwizzle.SWIZZLE_64B, "128B": TensorMapSwizzle.SWIZZLE_128B}[swizzle]
+    l2 = {"none": TensorMapL2Promotion.NONE, "64B": TensorMapL2Promotion.L2_64B,
+          "128B": TensorMapL2Promotion.L2_128B, "256B": TensorMapL2Promotion.L2_256B}[l2_promotion]
+    check_box(tuple(tensor.shape), tuple(tensor.stride()), tensor.element_size(), tuple(box_dim), swizzle)
+    view = StridedMemoryView(tensor, stream_ptr=int(torch.cuda.current_stream().cuda_stream))
+    return view.as_tensor_map(box_dim=tuple(box_dim), swizzle=sw, l2_promotion=l2)
+
+
+SWIZZLE_BYTES = {"none": None, "32B": 32, "64B": 64, "128B": 128}
+
+
+def check_box(shape: tuple[int, ...], strides: tuple[int, ...], elem_bytes: int,
+              box_dim: tuple[int, ...], swizzle: str) -> None:
+    """The driver's rules for a tiled box (shape, strides, box outermost first), checked
+    on the host so a mistake reads as a sentence, not CUDA_ERROR_INVALID_VALUE."""
+    if len(box_dim) != len(shape):
+        raise ValueError(f"box {box_dim} has rank {len(box_dim)}, tensor has {len(shape)}")
+    if not 1 <= len(shape) <= 5:
+        raise ValueError(f"a tiled tensor map has rank 1..5, not {len(shape)}")
+    if strides[-1] != 1:
+        raise ValueError("the innermost dimension must be contiguous")
+    for s in strides[:-1]:
+        if (s * elem_bytes) % 16:
+            raise ValueError(f"stride {s * elem_bytes} B is not a multiple of 16 B")
+    for b in box_dim:
+        if not 1 <= b <= 256:
+            raise ValueError(f"box dimension {b} outside [1, 256]")
+    inner = box_dim[-1] * elem_bytes
+    if inner % 16:
+        raise ValueError(f"box inner extent {inner} B is not a multiple of 16 B")
+    limit = SWIZZLE_BYTES[swizzle]
+    if limit is not None and inner > limit:
+        raise ValueError(f"box inner extent {inner} B exceeds the {swizzle} swizzle span")

@@ -1,0 +1,134 @@
+"""CPU tests of the CUDA build layer and the CUDA arms' host logic (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+cuda_core = pytest.importorskip("cuda.core")
+
+from moebench.kernels import cuda_build  # noqa: E402
+from moebench.kernels.cuda_build import (CudaBuildError, build_key, compile_source,  # noqa: E402
+                                         parse_ptxas_log)
+
+TINY = r'''
+#include "sm90_common.cuh"
+extern "C" __global__ void tiny(float* out) {
+#ifdef SCALE
+  out[threadIdx.x] = SCALE * threadIdx.x;
+#else
+  out[threadIdx.x] = threadIdx.x;
+#endif
+}
+'''
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
+    cuda_build.clear_memo()
+    yield tmp_path / "cuda"
+    cuda_build.clear_memo()
+
+
+def test_compile_records_resources_without_gpu(cache):
+    m = compile_source(TINY)
+    b = m.build
+    assert b.arch == "sm_90a" and not m.cache_hit
+    assert set(b.resources) == {"tiny"}
+    r = b.resources["tiny"]
+    assert r.registers > 0 and r.spill_stores == 0 and r.spill_loads == 0
+    assert len(b.build_hash) == 64 and len(b.binary_sha256) == 64
+    d = json.loads(b.to_json())
+    assert d["build_hash"] == b.build_hash and d["resources"]["tiny"]["registers"] == r.registers
+
+
+def test_cache_hit_miss_and_corrupt_entry(cache):
+    first = compile_source(TINY)
+    cuda_build.clear_memo()
+    again = compile_source(TINY)
+    assert again.cache_hit and again.build == first.build and again.cubin == first.cubin
+    # a corrupt cubin (sha mismatch) is rebuilt, not loaded
+    (cache / f"{first.build.build_hash}.cubin").write_bytes(b"garbage")
+    cuda_build.clear_memo()
+    rebuilt = compile_source(TINY)
+    assert not rebuilt.cache_hit and rebuilt.cubin == first.cubin
+    # unparsable metadata too
+    (cache / f"{first.build.build_hash}.json").write_text("{not json")
+    cuda_build.clear_memo()
+    assert not compile_source(TINY).cache_hit
+    cuda_build.clear_memo()
+    assert compile_source(TINY).cache_hit
+    leftovers = [p.name for p in cache.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_key_changes_with_defines_flags_and_headers(cache):
+    base = compile_source(TINY).build.build_hash
+    assert compile_source(TINY, defines={"SCALE": "2.0f"}).build.build_hash != base
+    assert compile_source(TINY, extra_flags=("-lineinfo",)).build.build_hash != base
+    h = {"sm90_common.cuh": "x"}
+    k1 = build_key("s", h, ("-a",), {}, "sm_90a", "13.0")
+    assert build_key("s", {"sm90_common.cuh": "y"}, ("-a",), {}, "sm_90a", "13.0") != k1
+    assert build_key("s", h, ("-a",), {}, "sm_90a", "13.1") != k1
+    assert build_key("s", h, ("-a",), {}, "sm_100a", "13.0") != k1
+    assert build_key("s", h, ("-a",), {"A": "1"}, "sm_90a", "13.0") != k1
+
+
+def test_compile_error_carries_the_log(cache):
+    with pytest.raises(CudaBuildError, match="sm_90a"):
+        compile_source('extern "C" __global__ void broken() { undefined_thing(); }')
+
+
+def test_unknown_flag_is_refused(cache):
+    with pytest.raises(ValueError, match="unsupported NVRTC flag"):
+        compile_source(TINY, extra_flags=("--frobnicate",))
+
+
+def test_parse_ptxas_log():
+    log = """ptxas info    : Compiling entry function '_Z3fooILi32EEvPf' for 'sm_90a'
+ptxas info    : Function properties for _Z3fooILi32EEvPf
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 128 bytes smem
+ptxas info    : Compiling entry function 'bar' for 'sm_90a'
+ptxas info    : Function properties for bar
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers
+"""
+    r = parse_ptxas_log(log)
+    assert r["_Z3fooILi32EEvPf"].registers == 40 and r["_Z3fooILi32EEvPf"].spill_loads == 12
+    assert r["_Z3fooILi32EEvPf"].stack_bytes == 8 and r["_Z3fooILi32EEvPf"].shared_bytes == 128
+    assert r["bar"].registers == 8 and r["bar"].shared_bytes == 0
+
+
+def test_name_expressions_survive_the_cache(cache):
+    src = "template <int N> __global__ void k(float* x) { x[0] = N; }"
+    m = compile_source(src, name_expressions=("k<3>",))
+    assert m.mangled("k<3>").startswith("_Z")
+    cuda_build.clear_memo()
+    hit = compile_source(src, name_expressions=("k<3>",))
+    assert hit.cache_hit and hit.mangled("k<3>") == m.mangled("k<3>")
+    assert hit.resources("k<3>").registers > 0
+
+
+def test_check_box_rules():
+    ok = dict(shape=(512, 7168), strides=(7168, 1), elem_bytes=1)
+    cuda_build.check_box(**ok, box_dim=(64, 128), swizzle="128B")
+    with pytest.raises(ValueError, match="swizzle span"):
+        cuda_build.check_box(**ok, box_dim=(64, 256), swizzle="128B")
+    with pytest.raises(ValueError, match=r"\[1, 256\]"):
+        cuda_build.check_box(**ok, box_dim=(512, 128), swizzle="128B")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cuda_build.check_box(**ok, box_dim=(64, 8), swizzle="none")
+    with pytest.raises(ValueError, match="contiguous"):
+        cuda_build.check_box((512, 7168), (1, 512), 1, (64, 128), "128B")
+
+
+@pytest.mark.parametrize("source", sorted(p.name for p in cuda_build.KERNELS_DIR.glob("*.cu")))
+def test_every_cuda_source_compiles_for_sm90a_without_spills(cache, source):
+    m = compile_source(source)
+    assert m.build.resources, f"{source}: no kernels"
+    for kernel, r in m.build.resources.items():
+        assert r.spill_stores == 0 and r.spill_loads == 0, f"{source}:{kernel} spills"
+        assert r.stack_bytes == 0, f"{source}:{kernel} uses a stack frame (local memory)"
