@@ -1,0 +1,89 @@
+"""Statistics over samples: pure functions, named, so a report can redo them from a file.
+
+A row is the median of one round's samples of one arm at one shape. An arm's duration is
+the median of its rows. A ratio is the median over rounds of ref-row / arm-row (> 1: the
+arm is faster), with its range and the number of rounds the arm won.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import median
+from typing import Iterable, Mapping, Sequence
+
+from moebench.results.schema import ArmSummary, RatioSummary, Sample
+
+
+def rows_by_round(values: Iterable[tuple[int, float]]) -> dict[int, float]:
+    """(round, value) pairs -> {round: median of that round's values}."""
+    per_round: dict[int, list[float]] = defaultdict(list)
+    for r, v in values:
+        per_round[r].append(v)
+    return {r: float(median(vs)) for r, vs in sorted(per_round.items())}
+
+
+def arm_median(rows: Mapping[int, float]) -> float:
+    """An arm's duration: the median of its rows."""
+    if not rows:
+        raise ValueError("no rows")
+    return float(median(rows.values()))
+
+
+def bandwidth_bytes_per_s(nbytes: int, duration_ns: float) -> float:
+    return nbytes / (duration_ns * 1e-9) if duration_ns > 0 else 0.0
+
+
+def fraction_of(bandwidth: float, reference: float | None) -> float | None:
+    return bandwidth / reference if reference else None
+
+
+def arm_summary(shape: str, arm: str, samples: Sequence[Sample], hbm_bytes: int,
+                read_bandwidth_bytes_per_s: float | None = None) -> ArmSummary:
+    """Summary of one arm at one shape from its samples (value_ns: gpu_sum or events)."""
+    if not samples:
+        raise ValueError(f"no samples for {arm} at {shape}")
+    rows = rows_by_round((s.round, s.value_ns) for s in samples)
+    med = arm_median(rows)
+    spans = [s.gpu_span_ns for s in samples if s.kernels]
+    bw = bandwidth_bytes_per_s(hbm_bytes, med)
+    return ArmSummary(
+        shape=shape, arm=arm, median_ns=med, row_medians_ns=tuple(rows.values()),
+        min_ns=min(rows.values()), max_ns=max(rows.values()), samples=len(samples),
+        span_median_ns=float(median(spans)) if spans else None,
+        hbm_bandwidth_bytes_per_s=bw, fraction_of_read_bandwidth=fraction_of(bw, read_bandwidth_bytes_per_s),
+    )
+
+
+def ratio_summary(shape: str, ref: str, arm: str, ref_rows: Mapping[int, float],
+                  arm_rows: Mapping[int, float]) -> RatioSummary:
+    """ref-row / arm-row for each round both ran, median over rounds."""
+    rounds = sorted(set(ref_rows) & set(arm_rows))
+    if not rounds:
+        raise ValueError(f"{arm} and {ref} at {shape} share no round")
+    per_round = tuple(ref_rows[r] / arm_rows[r] for r in rounds)
+    return RatioSummary(shape=shape, ref=ref, arm=arm, median=float(median(per_round)),
+                        low=min(per_round), high=max(per_round), per_round=per_round,
+                        rounds_won=sum(1 for x in per_round if x > 1.0), rounds=len(rounds))
+
+
+def summarize(samples: Sequence[Sample], shapes: Sequence[str], arms: Sequence[str], ref: str,
+              hbm_bytes: Mapping[str, int], read_bandwidth_bytes_per_s: float | None = None
+              ) -> tuple[tuple[ArmSummary, ...], tuple[RatioSummary, ...]]:
+    """Every arm's summary (shapes, then arms, in the given order) and every arm's ratio
+    against `ref` (the ref itself left out)."""
+    by_unit: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_unit[(s.shape, s.arm)].append(s)
+    summaries, ratios = [], []
+    for shape in shapes:
+        rows = {}
+        for arm in arms:
+            unit = by_unit.get((shape, arm))
+            if not unit:
+                continue
+            summaries.append(arm_summary(shape, arm, unit, hbm_bytes[shape], read_bandwidth_bytes_per_s))
+            rows[arm] = rows_by_round((s.round, s.value_ns) for s in unit)
+        if ref in rows:
+            ratios.extend(ratio_summary(shape, ref, arm, rows[ref], rows[arm]) for arm in arms
+                          if arm != ref and arm in rows)
+    return tuple(summaries), tuple(ratios)
