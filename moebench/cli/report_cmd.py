@@ -1,0 +1,46 @@
+"""`moebench report`: a saved RunResult as a table, Markdown, CSV or JSON, and plots."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from moebench.cli import cli
+from moebench.results.formats import FORMATS
+from moebench.results.store import load
+
+
+@cli.command()
+@click.argument("result_path", metavar="RESULT.json", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
+              help="What to print.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write PNG and SVG plots into this folder.")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the report to this file instead of stdout (Markdown then links the "
+                   "plots relative to it).")
+@click.option("--prefix", default="", help="Prefix for plot file names (several results in one folder).")
+def report(result_path, fmt, plot_dir, output, prefix):
+    """Print a saved run as a table, Markdown (for a pull request), CSV or JSON; plot it."""
+    from moebench.results.index import ResultIndex
+    from moebench.results.markdown import Image
+
+    result = load(result_path)
+    images = []
+    if plot_dir is not None:
+        from moebench.results.plots import write_plots
+        link_base = Path(output).parent if output else Path(".")
+        for plot in write_plots(ResultIndex(result), plot_dir, prefix=prefix):
+            png = plot.paths[0]
+            images.append(Image(plot.title, Path(os.path.relpath(png, link_base)).as_posix()))
+            click.echo(f"wrote {png} and .svg", err=True)
+    if output is None:
+        FORMATS[fmt](result, sys.stdout, images)
+        return
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "w", encoding="utf-8", newline="\n") as f:
+        FORMATS[fmt](result, f, images)
+    click.echo(f"wrote {output}", err=True)

@@ -1,0 +1,45 @@
+"""Output formats of `moebench report`: a registry, name -> renderer.
+
+A renderer writes one finished RunResult to a text stream; `images` are plots already
+written for it (only formats that can show pictures use them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from moebench.results.markdown import Image
+from moebench.results.schema import RunResult
+
+Renderer = Callable[[RunResult, TextIO, Sequence[Image]], None]
+
+
+def _table(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+    from rich.console import Console
+
+    from moebench.results.tables import print_tables
+    print_tables(result, Console(file=out))
+
+
+def _markdown(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+    from moebench.results.markdown import render_markdown
+    out.write(render_markdown(result, images))
+
+
+def _csv(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+    from moebench.results.csv_view import render_csv
+    out.write(render_csv(result))
+
+
+def _json(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+    from moebench.results.store import dumps
+    out.write(dumps(result))
+
+
+FORMATS: dict[str, Renderer] = {
+    "table": _table,
+    "markdown": _markdown,
+    "csv": _csv,
+    "json": _json,
+}

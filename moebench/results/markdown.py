@@ -1,0 +1,189 @@
+"""A RunResult as Markdown for a pull-request description.
+
+Summary table, per-round table, one sentence of method, provenance and the command that
+reproduces the run. Every number is read from the result; nothing is computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from moebench.results.index import ResultIndex, mbytes, mib, percent, ratio, tb_per_s, us
+from moebench.results.schema import RunResult, Settings
+
+
+@dataclass(frozen=True)
+class Image:
+    """A plot to embed: alt text and the link, relative to where the Markdown will live."""
+
+    alt: str
+    link: str
+
+
+# How each flush policy and each timer is said in the method sentence.
+FLUSH_WORDS = {
+    "read": lambda s: f"L2 flushed cold and clean by reading {mib(s.flush_bytes)}",
+    "write": lambda s: (f"L2 flushed by writing {mib(s.flush_bytes)} (dirty lines: their "
+                        "write-back can land in the timed kernels)"),
+    "none": lambda s: "L2 not flushed (warm)",
+}
+TIMER_WORDS = {
+    "cupti": "timed as the sum of its kernels' durations from CUPTI records (gpu_sum)",
+    "events": "timed with CUDA events around the call (not CUPTI: launch gaps included)",
+}
+
+
+def method_sentence(s: Settings) -> str:
+    flush = FLUSH_WORDS.get(s.flush, lambda s: f"flush policy {s.flush!r}")(s)
+    timer = TIMER_WORDS.get(s.timer, f"timed by {s.timer!r}")
+    order = ", ".join(f"`{a}`" for a in s.arms)
+    return (f"Each sample is one call with {flush} before it, {timer}; {s.rounds} rounds × "
+            f"{s.samples} samples per arm ({s.warmup} warm-ups each), odd rounds in the order "
+            f"{order} and even rounds reversed; a row is a round's median, an arm's time the "
+            f"median of its rows, a ratio the median over rounds of `{s.ref}` row / arm row "
+            f"(> 1: the arm is faster).")
+
+
+def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
+    ix = ResultIndex(result)
+    parts = [_title(ix), _warnings(ix), _summary_table(ix), method_sentence(result.settings),
+             _per_round_table(ix), _images(images), _provenance(ix), _reproduce(ix)]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _title(ix: ResultIndex) -> str:
+    gpu = ix.result.provenance.gpu
+    where = f" on {gpu.name}" if gpu else ""
+    return f"### moebench: {', '.join(ix.shapes)}{where}"
+
+
+def _warnings(ix: ResultIndex) -> str:
+    lines = []
+    audit = ix.result.audit
+    if not audit.passed:
+        lines.append(f"> **Audit failed:** {audit.samples_passed}/{audit.samples_total} samples passed, "
+                     f"{audit.dropped_records} dropped records, {len(audit.findings)} findings.")
+    for p in ix.result.parity:
+        if not p.passed:
+            lines.append(f"> **Parity failed:** `{p.arm}` at {p.shape}: rel L2 {p.rel_l2:.3g} "
+                         f"(threshold {p.threshold:g}), {p.nonfinite} non-finite.")
+    if ix.settings.timer != "cupti":
+        lines.append(f"> Timer: **{ix.settings.timer}**, not CUPTI kernel records.")
+    return "\n".join(lines)
+
+
+def _table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    rule = {"l": "---", "r": "--:", "c": ":-:"}
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(rule[a] for a in align) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _summary_table(ix: ResultIndex) -> str:
+    header = ["shape", "arm", "median µs", "span µs", f"vs `{ix.ref}`", "range over rounds",
+              "rounds won", "HBM-floor bandwidth", "of read BW"]
+    rows = []
+    for shape in ix.shapes:
+        for arm in ix.arms_at(shape):
+            s = ix.summary(shape, arm)
+            r = ix.ratio(shape, arm)
+            name = f"`{arm}` (ref)" if arm == ix.ref else f"`{arm}`"
+            cells = [shape, name, us(s.median_ns), us(s.span_median_ns)]
+            if r is None:
+                cells += ["—", "—", "—"]
+            else:
+                cells += [f"**{ratio(r.median)}**", f"{ratio(r.low)}–{ratio(r.high)}",
+                          f"{r.rounds_won}/{r.rounds}"]
+            cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
+            rows.append(cells)
+    return _table(header, "llrrrrrrr", rows)
+
+
+def _per_round_table(ix: ResultIndex) -> str:
+    header = ["shape", "row"] + [f"round {r}" for r in ix.rounds]
+    rows = []
+    for shape in ix.shapes:
+        for arm in ix.arms_at(shape):
+            s = ix.summary(shape, arm)
+            rows.append([shape, f"`{arm}` µs"] + [us(v) for v in s.row_medians_ns])
+        for arm in ix.compared_arms(shape):
+            r = ix.ratio(shape, arm)
+            rows.append([shape, f"`{r.ref}` / `{arm}`"] + [ratio(v) for v in r.per_round])
+    width = 2 + len(ix.rounds)
+    rows = [row + [""] * (width - len(row)) for row in rows]
+    return "Per round (a row is the median of the round's samples):\n\n" + _table(header, "ll" + "r" * len(ix.rounds), rows)
+
+
+def _images(images: Sequence[Image]) -> str:
+    return "\n".join(f"![{im.alt}]({im.link})" for im in images)
+
+
+def _provenance(ix: ResultIndex) -> str:
+    res, prov = ix.result, ix.result.provenance
+    gpu = prov.gpu
+    facts = []
+    if gpu:
+        facts.append(("GPU", f"{gpu.name} (sm {gpu.compute_capability}, {gpu.sm_count} SMs, "
+                             f"L2 {mib(gpu.l2_bytes)}, {gpu.memory_bytes / 2**30:,.0f} GiB), "
+                             f"driver {gpu.driver}, CUDA {gpu.cuda_runtime}"))
+        facts.append(("max clocks", f"SM {_mhz(gpu.max_sm_clock_mhz)}, memory {_mhz(gpu.max_mem_clock_mhz)}"))
+        facts.append(("measured read bandwidth", tb_per_s(gpu.read_bandwidth_bytes_per_s)))
+    commit = prov.git_commit or "unknown"
+    if prov.git_dirty:
+        commit += " (uncommitted changes)"
+    facts += [
+        ("commit", f"`{commit}`"),
+        ("moebench", f"{prov.tool_version}, Python {prov.python}"),
+        ("libraries", ", ".join(f"{k} {v}" for k, v in sorted(prov.libraries.items())) or "—"),
+        ("host, time", f"{prov.hostname}, {prov.started_at} – {prov.finished_at}"),
+        ("timer, flush", f"{res.settings.timer}, {res.settings.flush} ({mib(res.settings.flush_bytes)})"),
+        ("audit", f"{res.audit.samples_passed}/{res.audit.samples_total} samples passed, "
+                  f"{res.audit.dropped_records} dropped records, {len(res.audit.findings)} findings"),
+    ]
+    if res.settings.options:
+        facts.append(("options", ", ".join(f"{k}={_short(v)}" for k, v in sorted(res.settings.options.items()))))
+    blocks = [_table(["", ""], "ll", facts)]
+
+    blocks.append(_table(
+        ["shape", "M K E top_k N", "seed", "balancedness", "HBM floor", "GFLOP", "fingerprint"], "lllrrrl",
+        [[f.name, f"{f.M} {f.K} {f.E} {f.top_k} {f.N}", str(f.seed), f"{f.balancedness:g}",
+          mbytes(f.floors.hbm_bytes), f"{f.floors.flops / 1e9:,.3f}", f"`{f.fingerprint}`"]
+         for f in (ix.fixture(s) for s in ix.shapes) if f is not None]))
+    blocks.append(_table(
+        ["shape", "arm", "build identity"], "lll",
+        [[a.shape, f"`{a.name}`", "<br>".join(f"{k}: `{_short(v)}`" for k, v in sorted(a.identity.items())) or "—"]
+         for a in res.arms]))
+    blocks.append(_table(
+        ["shape", "arm", "rel L2 vs oracle", "max abs", "non-finite", "passed"], "llrrrl",
+        [[p.shape, f"`{p.arm}`", f"{p.rel_l2:.2e}", f"{p.max_abs:.3g}", str(p.nonfinite),
+          "yes" if p.passed else "**no**"] for p in res.parity]))
+    if res.clocks:
+        blocks.append(_table(
+            ["round", "SM MHz", "memory MHz", "°C", "W"], "rrrrr",
+            [[str(c.round), _num(c.sm_mhz), _num(c.mem_mhz), _num(c.temperature_c),
+              "—" if c.power_w is None else f"{c.power_w:.0f}"] for c in res.clocks]))
+    body = "\n\n".join(blocks)
+    return f"<details><summary>Provenance</summary>\n\n{body}\n\n</details>"
+
+
+def _reproduce(ix: ResultIndex) -> str:
+    return "Reproduce:\n\n```sh\n" + shlex.join(ix.result.provenance.command) + "\n```"
+
+
+def _mhz(v: int | None) -> str:
+    return "—" if v is None else f"{v} MHz"
+
+
+def _num(v) -> str:
+    return "—" if v is None else str(v)
+
+
+def _short(v) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True, separators=(",", ":"))
