@@ -132,3 +132,78 @@ def test_every_cuda_source_compiles_for_sm90a_without_spills(cache, source):
     for kernel, r in m.build.resources.items():
         assert r.spill_stores == 0 and r.spill_loads == 0, f"{source}:{kernel} spills"
         assert r.stack_bytes == 0, f"{source}:{kernel} uses a stack frame (local memory)"
+
+
+# ---------------------------------------------------------------- cuda-gemm / cuda-swapab host logic
+
+from moebench.kernels import cuda_arms  # noqa: E402
+from moebench.kernels.cuda_arms import (CUDA_GEMM, CUDA_SWAPAB, GemmConfig, combine_grid,  # noqa: E402
+                                        gemm_grid, swiglu_grid, tiles_per_cta)
+
+
+@pytest.mark.parametrize("cfg", [CUDA_GEMM, CUDA_SWAPAB, GemmConfig(True, 8), GemmConfig(True, 32, stages=4)])
+def test_host_shared_bytes_match_the_kernel_layout(cache, cfg):
+    src = f'#include "sm90_grouped_gemm.cu"\nstatic_assert(SMEM_BYTES == {cfg.shared_bytes()}, "host/device smem");\n'
+    compile_source(src, defines=cfg.defines(), name="smem_check.cu")  # fails to compile if they differ
+    assert cfg.shared_bytes() <= 227 * 1024
+
+
+def test_arms_differ_only_in_operand_placement():
+    a, b = CUDA_GEMM.defines(), CUDA_SWAPAB.defines()
+    assert a.keys() == b.keys() and a["STAGES"] == b["STAGES"]
+    assert (a["SWAP_AB"], b["SWAP_AB"]) == ("0", "1")
+    assert CUDA_GEMM.block_t == 64  # the 64-row slot holds tokens: a block is 64 slots
+    with pytest.raises(ValueError):
+        GemmConfig(swap_ab=False, block_t=16)
+    with pytest.raises(ValueError):
+        GemmConfig(swap_ab=True, block_t=12)
+
+
+def test_grid_sizes():
+    # GEMM1, DeepSeek slice: N=256 rows = 4 tiles, K=7168 = 56 steps: one tile per CTA
+    assert gemm_grid(57, 256, 7168) == ((57, 4, 1), 1)
+    # GEMM2: K=7168 rows = 112 tiles, one 128-K step each: 8 tiles per CTA
+    assert gemm_grid(57, 7168, 128) == ((57, 14, 1), 8)
+    assert gemm_grid(74, 2048, 128) == ((74, 4, 1), 8)  # Qwen slice
+    assert tiles_per_cta(6, 1) == 6 and tiles_per_cta(10, 1) == 5 and tiles_per_cta(4, 16) == 1
+    assert tiles_per_cta(4, 3) == 2  # 2 tiles x 3 steps <= 8
+    with pytest.raises(ValueError):
+        gemm_grid(1, 100, 128)
+    assert swiglu_grid(72, 128) == (18, 1, 1) and swiglu_grid(73, 256) == (37, 1, 1)
+    assert combine_grid(1, 7168) == (4, 1, 1) and combine_grid(128, 2048) == (128, 1, 1)
+
+
+def test_weight_descriptor_box():
+    assert cuda_arms.weight_box() == (64, 128)
+    cuda_build.check_box((257 * 256, 7168), (7168, 1), 1, cuda_arms.weight_box(), "128B")
+    cuda_build.check_box((257 * 7168, 128), (128, 1), 1, cuda_arms.weight_box(), "128B")
+
+
+@pytest.mark.parametrize("block_t", [16, 64])
+def test_plan_handling_covers_every_slot_once(block_t):
+    import torch
+    from moebench.fixtures import route_plan
+    # edge routes: M=1; one hot expert; empty experts; M not a multiple of block_t
+    cases = [torch.tensor([[3, 5]]), torch.tensor([[0, 1]] * 37), torch.tensor([[7, 2], [2, 7], [6, 2]])]
+    for ids in cases:
+        plan = route_plan(ids, 8, block_t)
+        grid, _ = gemm_grid(plan.num_blocks, 256, 256)
+        assert grid[0] == plan.num_blocks and plan.padded_total % block_t == 0
+        covered = plan.sorted_token_ids[: grid[0] * block_t]
+        real = covered[covered < plan.sentinel]
+        assert sorted(real.tolist()) == list(range(ids.numel()))
+        assert (plan.expert_ids[: grid[0]] >= 0).all()
+        for b in range(grid[0]):  # every slot of a block belongs to that block's expert
+            slots = plan.sorted_token_ids[b * block_t:(b + 1) * block_t]
+            slots = slots[slots < plan.sentinel]
+            assert (ids.reshape(-1)[slots.long()] == plan.expert_ids[b]).all()
+
+
+def test_cuda_arms_are_registered_and_say_why_not_on_cpu():
+    import torch
+    from moebench.kernels.arm import load_builtin_arms
+    arms = load_builtin_arms()
+    for name in ("cuda-gemm", "cuda-swapab"):
+        arm = arms[name]()
+        assert arm.unavailable_reason(torch.device("cpu"))
+        assert {k.label for k in cuda_arms.KERNELS} == {"gemm1", "swiglu_quant", "gemm2", "combine"}

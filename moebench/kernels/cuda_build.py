@@ -489,3 +489,17 @@ def check_box(shape: tuple[int, ...], strides: tuple[int, ...], elem_bytes: int,
     limit = SWIZZLE_BYTES[swizzle]
     if limit is not None and inner > limit:
         raise ValueError(f"box inner extent {inner} B exceeds the {swizzle} swizzle span")
+
+
+def bind_launch(kernel, grid, block, shared_bytes: int, *args):
+    """A callable that launches `kernel` with these arguments on torch's then-current stream:
+    the launch configuration is built (and the shared-memory limit raised) once, here."""
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as _launch
+    if shared_bytes > MAX_DEFAULT_SHARED_BYTES:
+        _raise_shared_limit(kernel, shared_bytes, _torch_device_index(None))
+    config = LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
+
+    def run() -> None:
+        _launch(current_stream(), config, kernel, *args)
+    return run

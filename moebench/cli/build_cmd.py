@@ -1,0 +1,73 @@
+"""`moebench build`: compile CUDA sources through NVRTC (no GPU needed) and print what
+ptxas reports per kernel: registers, shared memory, spills; and the build hash."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from moebench.cli import cli
+from moebench.errors import UserError
+
+
+def _parse_defines(items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UserError(f"--define {item!r}: expected NAME=VALUE")
+        out[key] = value if sep else "1"
+    return out
+
+
+def _modules(arm_names, sources, defines):
+    from moebench.kernels import cuda_build
+    from moebench.kernels.arm import make_arm
+    if arm_names and (sources or defines):
+        raise UserError("--arm builds the arm's own configuration; give --source/--define without it")
+    if arm_names:
+        for name in arm_names:
+            arm = make_arm(name)
+            if not hasattr(arm, "build"):
+                raise UserError(f"arm {name!r} has no CUDA build")
+            yield name, arm.build()
+        return
+    paths = list(sources) or sorted(p.name for p in cuda_build.KERNELS_DIR.glob("*.cu"))
+    for src in paths:
+        try:
+            yield src, cuda_build.compile_source(src, defines=defines)
+        except FileNotFoundError as err:
+            raise UserError(str(err)) from None
+        except cuda_build.CudaBuildError as err:
+            raise UserError(str(err).splitlines()[0] + " (run with the source's log: see above)") from err
+
+
+@cli.command()
+@click.option("--arm", "arm_names", multiple=True, metavar="A", help="Build this arm's CUDA module(s).")
+@click.option("--source", "sources", multiple=True, metavar="F.cu",
+              help="A .cu file (a path, or a name in moebench/kernels/). Default: all of them.")
+@click.option("--define", "defines", multiple=True, metavar="K=V", help="Preprocessor define (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the build records as JSON.")
+def build(arm_names, sources, defines, as_json):
+    """Compile CUDA sources for sm_90a with NVRTC and report registers, shared memory, spills."""
+    records = [(label, m) for label, m in _modules(arm_names, sources, _parse_defines(defines))]
+    if as_json:
+        click.echo(json.dumps([{"label": label, "cache_hit": m.cache_hit, **m.build.to_dict()}
+                               for label, m in records], indent=2))
+        return
+    console = Console()
+    for label, m in records:
+        b = m.build
+        defs = " ".join(f"{k}={v}" for k, v in b.defines) or "none"
+        t = Table(title=f"{label}: {b.name} ({b.arch}, NVRTC {b.nvrtc_version}, defines {defs})",
+                  title_justify="left")
+        for col in ("kernel", "registers", "static smem B", "spill st/ld B", "stack B"):
+            t.add_column(col, justify="left" if col == "kernel" else "right")
+        for kernel, r in sorted(b.resources.items()):
+            t.add_row(kernel, str(r.registers), str(r.shared_bytes), f"{r.spill_stores}/{r.spill_loads}",
+                      str(r.stack_bytes))
+        console.print(t)
+        console.print(f"build hash {b.build_hash}  ({'cached' if m.cache_hit else 'compiled'})")

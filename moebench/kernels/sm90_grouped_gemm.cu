@@ -1,0 +1,305 @@
+// sm90_grouped_gemm.cu: the kernels of the `cuda-gemm` and `cuda-swapab` arms (sm_90a).
+//
+//   moe_grouped_gemm1   h[slot, :N]  = x[token(slot)] . w1[e]^T            FP8 block scales, FP32 out
+//   moe_swiglu_quant    a[slot, :I]  = requant(silu(gate) * up)            per slot, groups of 128
+//   moe_grouped_gemm2   y[slot, :K]  = w[slot] * (a[slot] . w2[e]^T)       FP8 block scales, BF16 out
+//   moe_combine         out[t, :K]   = sum_k y[t*top_k + k]                FP32 sum, BF16 once
+//
+// The two GEMMs are one kernel over the route plan (moe_align_block_size layout): CTA
+// (x, y) takes token block x (BLOCK_T slots of one expert, sentinel-padded) and
+// TILES_PER_CTA consecutive 64-row tiles of that expert's weight, starting at tile
+// y * tiles_per_cta. Per 128-wide K step a producer warp brings one weight tile
+// (64 rows x 128 B, TMA, 128-byte swizzle) and the block's activation rows (gathered by
+// slot with cp.async into the same swizzled layout, zero for sentinel slots) into one of
+// STAGES shared-memory stages; one consumer warpgroup runs four k32 wgmma on it, then
+// folds the partial sum into FP32 accumulators with the weight block's scale and each
+// token's scale (DeepGEMM's promotion: tensor-core FP8 sums never run past 128 of K).
+//
+// SWAP_AB is the only difference between the arms (what the 64-row wgmma slot holds):
+//   SWAP_AB=0 (cuda-gemm):   D[token, row] = X[64 tokens] . W[64 rows]^T,  wgmma m64n64k32,
+//                            so a token block is 64 slots (BLOCK_T = 64) however few are real;
+//   SWAP_AB=1 (cuda-swapab): D[row, token] = W[64 rows] . X[BLOCK_T]^T,    wgmma m64nBLOCK_Tk32,
+//                            so a token block is as small as wgmma's N allows (8..64).
+// Tiles (64 weight rows x 128 K per step), stages, pipeline and epilogue are the same code.
+//
+// Memory traffic per CTA and step: 8 KiB of weight (streamed from HBM once per token
+// block: the whole point) + BLOCK_T * 128 B of activations (L2-resident) + scales.
+// FLOPs per step: 2 * 64 * BLOCK_T * 128 — never the limit at decode sizes.
+
+#include "sm90_common.cuh"
+
+#ifndef SWAP_AB
+#define SWAP_AB 1
+#endif
+#ifndef BLOCK_T
+#define BLOCK_T 16
+#endif
+#ifndef STAGES
+#define STAGES 5
+#endif
+
+constexpr int BLOCK_R = 64;   // weight rows per tile: the wgmma M of the swapped form
+constexpr int BLOCK_K = 128;  // K per step: one FP8 scale block, one 128-byte swizzled row
+constexpr int MMA_N = SWAP_AB ? BLOCK_T : BLOCK_R;
+constexpr int ACC = 64 * MMA_N / 128;  // FP32 accumulators per consumer thread
+constexpr int CONSUMERS = 128;         // one warpgroup: warps 0-3
+constexpr int THREADS = CONSUMERS + 32;  // + one producer warp (warp 4)
+constexpr int W_TILE_BYTES = BLOCK_R * BLOCK_K;
+constexpr int X_TILE_BYTES = BLOCK_T * BLOCK_K;
+constexpr int SCALES = (BLOCK_T + 1 + 3) / 4 * 4;  // BLOCK_T token scales, then the weight scale
+constexpr int C_STRIDE = BLOCK_R + 4;              // epilogue tile row (floats), padded
+constexpr int X_CHUNKS = BLOCK_T * 8 / 32;         // 16-byte activation chunks per producer lane
+constexpr int T_PER_LANE = (BLOCK_T + 31) / 32;
+
+static_assert(SWAP_AB || BLOCK_T == 64, "tokens in the 64-row slot: a token block is 64 slots");
+static_assert(BLOCK_T % 8 == 0 && BLOCK_T >= 8 && BLOCK_T <= 64, "BLOCK_T: a multiple of 8 in [8, 64]");
+static_assert(X_CHUNKS >= 1, "");
+
+// Dynamic shared memory, from a 1024-aligned base (swizzled tiles need it).
+constexpr int OFF_W = 0;
+constexpr int OFF_X = OFF_W + STAGES * W_TILE_BYTES;
+constexpr int OFF_S = OFF_X + STAGES * X_TILE_BYTES;
+constexpr int OFF_C = OFF_S + STAGES * SCALES * 4;
+constexpr int OFF_SLOT = OFF_C + BLOCK_T * C_STRIDE * 4;
+constexpr int OFF_BAR = (OFF_SLOT + BLOCK_T * 4 + 7) / 8 * 8;
+constexpr int SMEM_USED = OFF_BAR + 2 * STAGES * 8;
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // what the host must pass (alignment slack)
+
+__device__ __forceinline__ uint32_t dynamic_smem_size() {
+  uint32_t v;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+  return v;
+}
+
+// Token and weight-row coordinates of accumulator i in this thread (see Wgmma<N>).
+__device__ __forceinline__ int acc_token(int i, int w, int g, int q) {
+  return SWAP_AB ? 8 * (i >> 2) + 2 * q + (i & 1) : 16 * w + g + 8 * ((i >> 1) & 1);
+}
+__device__ __forceinline__ int acc_row(int i, int w, int g, int q) {
+  return SWAP_AB ? 16 * w + g + 8 * ((i >> 1) & 1) : 8 * (i >> 2) + 2 * q + (i & 1);
+}
+
+template <bool OUT_BF16>
+__device__ __forceinline__ void grouped_gemm(
+    // weights: [E * rows_per_expert, k_dim] FP8, TMA box 64 x 128, 128-byte swizzle
+    const TmaDescriptor* w_map, const float* __restrict__ w_scale,
+    // activations: [rows, k_dim] FP8 and [rows, k_dim / 128] FP32; slot -> row = slot / row_div
+    const uint8_t* __restrict__ act, const float* __restrict__ act_scale,
+    // route plan
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    // output [slots, rows_per_expert]: FP32, or BF16 times the slot's route weight
+    void* __restrict__ out, const float* __restrict__ route_w,
+    int k_dim, int rows_per_expert, int row_div, int sentinel, int tiles_per_cta) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(smem_raw) + 1023) & ~uint64_t(1023));
+  uint8_t* w_tiles = smem + OFF_W;
+  uint8_t* x_tiles = smem + OFF_X;
+  float* scales = reinterpret_cast<float*>(smem + OFF_S);
+  float* c_tile = reinterpret_cast<float*>(smem + OFF_C);
+  int* slots = reinterpret_cast<int*>(smem + OFF_SLOT);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
+  uint64_t* empty = full + STAGES;
+
+  const int block = blockIdx.x;
+  const int expert = expert_ids[block];
+  if (expert < 0) return;  // past the plan's end: the whole CTA leaves before any barrier
+  if (threadIdx.x == 0 && dynamic_smem_size() < uint32_t(SMEM_BYTES)) __trap();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int k_steps = k_dim / BLOCK_K;
+  const int steps = tiles_per_cta * k_steps;
+  const int first_tile = blockIdx.y * tiles_per_cta;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 32 + 1);  // 32 producer lanes' cp.async arrivals + the TMA expect_tx
+      mbar_init(&empty[s], CONSUMERS / 32);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  if (threadIdx.x < BLOCK_T) slots[threadIdx.x] = sorted_ids[block * BLOCK_T + threadIdx.x];
+  __syncthreads();
+
+  if (warp == CONSUMERS / 32) {
+    // ---------------------------------------------------------------- producer warp
+    if (lane == 0) tma_prefetch_descriptor(w_map);
+    const uint8_t* x_src[X_CHUNKS];
+    uint32_t x_dst[X_CHUNKS], x_bytes[X_CHUNKS];
+#pragma unroll
+    for (int j = 0; j < X_CHUNKS; ++j) {
+      const int idx = lane + 32 * j, t = idx >> 3, c = idx & 7;
+      const int slot = slots[t];
+      const bool real = slot >= 0 && slot < sentinel;
+      x_src[j] = act + size_t(real ? slot / row_div : 0) * k_dim + c * 16;
+      x_bytes[j] = real ? 16 : 0;
+      x_dst[j] = t * 128 + ((c ^ (t & 7)) << 4);  // 128-byte swizzle: chunk ^= row % 8
+    }
+    const float* s_src[T_PER_LANE];
+    uint32_t s_bytes[T_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < T_PER_LANE; ++j) {
+      const int t = lane + 32 * j;
+      const int slot = t < BLOCK_T ? slots[t] : -1;
+      const bool real = slot >= 0 && slot < sentinel;
+      s_src[j] = act_scale + size_t(real ? slot / row_div : 0) * k_steps;
+      s_bytes[j] = real ? 4 : 0;
+    }
+    const float* ws_src = w_scale + size_t(expert) * (rows_per_expert / BLOCK_K) * k_steps;
+    const int w_row0 = expert * rows_per_expert;
+
+    for (int i = 0; i < steps; ++i) {
+      const int s = i % STAGES, round = i / STAGES;
+      if (i >= STAGES) mbar_wait(&empty[s], (round - 1) & 1);
+      const int tile = first_tile + i / k_steps, kb = i % k_steps;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&full[s], W_TILE_BYTES);
+        tma_load_2d(w_tiles + s * W_TILE_BYTES, w_map, &full[s], kb * BLOCK_K, w_row0 + tile * BLOCK_R);
+        cp_async_4(&scales[s * SCALES + BLOCK_T], ws_src + (tile * BLOCK_R / BLOCK_K) * k_steps + kb, 4);
+      }
+      uint8_t* x_stage = x_tiles + s * X_TILE_BYTES;
+#pragma unroll
+      for (int j = 0; j < X_CHUNKS; ++j) cp_async_16(x_stage + x_dst[j], x_src[j] + kb * BLOCK_K, x_bytes[j]);
+#pragma unroll
+      for (int j = 0; j < T_PER_LANE; ++j) {
+        const int t = lane + 32 * j;
+        if (t < BLOCK_T) cp_async_4(&scales[s * SCALES + t], s_src[j] + kb, s_bytes[j]);
+      }
+      cp_async_arrive_noinc(&full[s]);
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumer warpgroup
+  const int w = warp, g = lane / 4, q = lane % 4;
+  float acc[ACC], part[ACC];
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+
+  for (int i = 0; i < steps; ++i) {
+    const int s = i % STAGES, round = i / STAGES;
+    const int tile = first_tile + i / k_steps, kb = i % k_steps;
+    mbar_wait(&full[s], round & 1);
+    fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
+
+    const uint64_t w_desc = wgmma_desc_sw128(w_tiles + s * W_TILE_BYTES);
+    const uint64_t x_desc = wgmma_desc_sw128(x_tiles + s * X_TILE_BYTES);
+    const uint64_t a_desc = SWAP_AB ? w_desc : x_desc;
+    const uint64_t b_desc = SWAP_AB ? x_desc : w_desc;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_K / 32; ++kk)  // +32 bytes of K = +2 in the descriptor's 16-byte units
+      Wgmma<MMA_N>::mma(part, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    const float* sc = &scales[s * SCALES];
+    const float ws = sc[BLOCK_T];
+#pragma unroll
+    for (int a = 0; a < ACC; ++a) acc[a] += part[a] * (ws * sc[acc_token(a, w, g, q)]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
+
+    if (kb == k_steps - 1) {
+      // Epilogue of one 64-row tile: through shared memory, so each slot's 64 outputs
+      // leave as one contiguous row segment (256 B FP32 / 128 B BF16).
+      named_barrier(1, CONSUMERS);  // the previous tile's readers are done with c_tile
+#pragma unroll
+      for (int a = 0; a < ACC; ++a) {
+        c_tile[acc_token(a, w, g, q) * C_STRIDE + acc_row(a, w, g, q)] = acc[a];
+        acc[a] = 0.f;
+      }
+      named_barrier(1, CONSUMERS);
+      for (int idx = threadIdx.x; idx < BLOCK_T * (BLOCK_R / 4); idx += CONSUMERS) {
+        const int t = idx / (BLOCK_R / 4), r4 = (idx % (BLOCK_R / 4)) * 4;
+        const int slot = slots[t];
+        if (slot < 0 || slot >= sentinel) continue;
+        const float4 v = *reinterpret_cast<const float4*>(&c_tile[t * C_STRIDE + r4]);
+        const size_t o = size_t(slot) * rows_per_expert + tile * BLOCK_R + r4;
+        if (OUT_BF16) {
+          const float rw = route_w[slot];
+          uint2 packed;
+          packed.x = pack_bf16x2(v.x * rw, v.y * rw);
+          packed.y = pack_bf16x2(v.z * rw, v.w * rw);
+          *reinterpret_cast<uint2*>(reinterpret_cast<uint16_t*>(out) + o) = packed;
+        } else {
+          *reinterpret_cast<float4*>(reinterpret_cast<float*>(out) + o) = v;
+        }
+      }
+    }
+  }
+}
+
+// GEMM1: gate/up rows of w1 ([E*N, K]) against tokens; h[slot, N] in FP32.
+extern "C" __global__ void __launch_bounds__(THREADS) moe_grouped_gemm1(
+    const __grid_constant__ TmaDescriptor w_map, const float* w_scale, const uint8_t* act,
+    const float* act_scale, const int* sorted_ids, const int* expert_ids, float* out,
+    const float* route_w, int k_dim, int rows_per_expert, int row_div, int sentinel, int tiles_per_cta) {
+  grouped_gemm<false>(&w_map, w_scale, act, act_scale, sorted_ids, expert_ids, out, route_w,
+                      k_dim, rows_per_expert, row_div, sentinel, tiles_per_cta);
+}
+
+// GEMM2: rows of w2 ([E*K, I]) against requantized slots; y[slot, K] = route weight * . in BF16.
+extern "C" __global__ void __launch_bounds__(THREADS) moe_grouped_gemm2(
+    const __grid_constant__ TmaDescriptor w_map, const float* w_scale, const uint8_t* act,
+    const float* act_scale, const int* sorted_ids, const int* expert_ids, uint16_t* out,
+    const float* route_w, int k_dim, int rows_per_expert, int row_div, int sentinel, int tiles_per_cta) {
+  grouped_gemm<true>(&w_map, w_scale, act, act_scale, sorted_ids, expert_ids, out, route_w,
+                     k_dim, rows_per_expert, row_div, sentinel, tiles_per_cta);
+}
+
+// SwiGLU and per-slot FP8 requant, one warp per (slot, group of 128 intermediate values):
+// reads 2 x 512 B of h, writes 128 B of codes and one scale. Exactly the oracle's rule:
+// scale = max(amax / 448, 1e-10), code = e4m3(v / scale), round to nearest even, saturating.
+extern "C" __global__ void __launch_bounds__(128) moe_swiglu_quant(
+    const float* __restrict__ h, uint8_t* __restrict__ a, float* __restrict__ a_scale,
+    int num_slots, int inter) {
+  const int groups = inter / 128;
+  const int item = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slot = item / groups, grp = item % groups;
+  if (slot >= num_slots) return;
+  const float* row = h + size_t(slot) * 2 * inter + grp * 128 + lane * 4;
+  const float4 gate = *reinterpret_cast<const float4*>(row);
+  const float4 up = *reinterpret_cast<const float4*>(row + inter);
+  float v[4] = {gate.x, gate.y, gate.z, gate.w};
+  const float u[4] = {up.x, up.y, up.z, up.w};
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[i] = v[i] / (1.0f + expf(-v[i])) * u[i];
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  const float scale = fmaxf(amax / 448.0f, 1e-10f);
+  const uint32_t lo = pack_e4m3x2(v[0] / scale, v[1] / scale);
+  const uint32_t hi = pack_e4m3x2(v[2] / scale, v[3] / scale);
+  *reinterpret_cast<uint32_t*>(a + size_t(slot) * inter + grp * 128 + lane * 4) = lo | (hi << 16);
+  if (lane == 0) a_scale[size_t(slot) * groups + grp] = scale;
+}
+
+// out[t] = sum over k of y[t * top_k + k], 8 BF16 columns per thread: top_k x 16 B read,
+// 16 B written; FP32 sum, rounded to BF16 once.
+extern "C" __global__ void __launch_bounds__(256) moe_combine(
+    const uint16_t* __restrict__ y, uint16_t* __restrict__ out, int num_tokens, int top_k, int hidden) {
+  const int vecs = hidden / 8;
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  const int t = idx / vecs, v = idx % vecs;
+  if (t >= num_tokens) return;
+  float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < top_k; ++k) {
+    const uint4 p = *reinterpret_cast<const uint4*>(y + (size_t(t) * top_k + k) * hidden + v * 8);
+    const uint32_t words[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sum[2 * i] += bf16_lo(words[i]);
+      sum[2 * i + 1] += bf16_hi(words[i]);
+    }
+  }
+  uint4 r;
+  r.x = pack_bf16x2(sum[0], sum[1]);
+  r.y = pack_bf16x2(sum[2], sum[3]);
+  r.z = pack_bf16x2(sum[4], sum[5]);
+  r.w = pack_bf16x2(sum[6], sum[7]);
+  *reinterpret_cast<uint4*>(out + size_t(t) * hidden + v * 8) = r;
+}
