@@ -3,3 +3,4 @@
 An arm module that cannot import here (a missing optional library) must still import:
 it reports the problem through `Arm.unavailable_reason`, not at import time.
 """
+from moebench.kernels import cuda_arms  # noqa: F401
