@@ -4,3 +4,5 @@ An arm module that cannot import here (a missing optional library) must still im
 it reports the problem through `Arm.unavailable_reason`, not at import time.
 """
 from moebench.kernels import cuda_arms  # noqa: F401
+
+from moebench.kernels import fused_arm  # noqa: F401

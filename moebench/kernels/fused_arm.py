@@ -1,0 +1,302 @@
+"""Arm `cuda-fused`: the whole FP8 MoE layer in one sm_90a kernel (sm90_fused_moe.cu).
+
+Public helpers:
+  prepare_fused_weights(w1, w1_scale, w2, w2_scale) -> FusedWeights   one-off, untimed layout change
+  fused_moe(x, x_scale, weights, plan, topk_weights, out=None) -> out  checks, allocates, launches
+
+The layout change re-orders each expert's FP8 weights so that every CTA of the kernel streams
+one contiguous range, tile by tile in mma fragment order (the kernel's header comment has the
+details). Bytes per fixture are unchanged: the kernel reads every routed expert's weights once
+per plan block, 48*K bytes per CTA, 8 CTAs (a cluster) per block and group of 128 columns.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from moebench.errors import UserError
+from moebench.fixtures import Fixture, RoutePlan, plan_capacity, route_plan
+from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+
+SOURCE = "sm90_fused_moe.cu"
+KERNEL_NAME = "moebench_fused_moe"
+LAYOUT = "fused-v1"  # bump when prepare_fused_weights changes the order it writes
+
+GROUP = 128  # FP8 block-scale granularity (weights 128x128, activations 1x128)
+CLUSTER = 8  # CTAs per cluster: 8 x 16 intermediate columns = one requant group
+THREADS = 256
+CHUNK_BYTES = 16384
+X_ROW, AQ_ROW = 528, 144
+MAX_BLOCK_M = 64
+MAX_E, MAX_TOP_K = 1024, 16
+SMEM_PER_SM = 228 * 1024  # H100/H200: shared memory per SM; 1 KB of it reserved per CTA
+SMEM_PER_CTA = 227 * 1024
+MAX_STAGES = 6
+FP8 = torch.float8_e4m3fn
+
+
+# ------------------------------------------------------------------------------ weights
+
+
+@dataclass(frozen=True)
+class FusedWeights:
+    """Expert weights in the kernel's layout (same bytes, another order) and their scales."""
+
+    w1: torch.Tensor  # [E, N, K] uint8, re-laid gate/up codes
+    w1_scale: torch.Tensor  # [E, N/128, K/128] fp32, unchanged
+    w2: torch.Tensor  # [E, K, I] uint8, re-laid down codes
+    w2_scale: torch.Tensor  # [E, K/128, I/128] fp32, unchanged
+    layout: str = LAYOUT
+
+    @property
+    def E(self) -> int:
+        return self.w1.shape[0]
+
+    @property
+    def N(self) -> int:
+        return self.w1.shape[1]
+
+    @property
+    def K(self) -> int:
+        return self.w1.shape[2]
+
+    @property
+    def I(self) -> int:  # noqa: E743
+        return self.N // 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.w1.device
+
+
+def _codes(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.dtype not in (FP8, torch.uint8):
+        raise UserError(f"{name} must be float8_e4m3fn codes, got {t.dtype}")
+    return t.contiguous().view(torch.uint8)
+
+
+def prepare_fused_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor,
+                          w2_scale: torch.Tensor) -> FusedWeights:
+    """Re-lay gate/up [E,N,K] and down [E,K,I] FP8 weights for the fused kernel (untimed).
+
+    w1: row n = mt*I + 128g + 16c + 8q + r (mt 0 gate / 1 up, c the CTA of the cluster),
+        column k = 128kb + 32t + 8s + 4h + j; written as [E, g, c, kb, mt, s, r, t, h, q, j]:
+        per CTA 32*K contiguous bytes, per (kb, mt, s) one 512-byte mma A tile whose lane
+        r*4+t holds rows (r, r+8) x bytes (8s + 4h + j) of its 32-byte k slice.
+    w2: row = c*K/8 + 16m + 8q + r, column i = 128g + 32t + 8s + 4h + j; written as
+        [E, g, c, m, s, r, t, h, q, j]: per CTA 16*K contiguous bytes.
+    """
+    w1b, w2b = _codes(w1, "w1"), _codes(w2, "w2")
+    if w1b.dim() != 3 or w2b.dim() != 3:
+        raise UserError(f"w1 must be [E, N, K] and w2 [E, K, I], got {tuple(w1.shape)} and {tuple(w2.shape)}")
+    E, N, K = w1b.shape
+    I = N // 2  # noqa: E741
+    if K % GROUP or K < GROUP:
+        raise UserError(f"K={K} must be a positive multiple of {GROUP}")
+    if N % (2 * GROUP) or N < 2 * GROUP:
+        raise UserError(f"N={N} must be a positive multiple of {2 * GROUP}")
+    if tuple(w2b.shape) != (E, K, I):
+        raise UserError(f"w2 must be [E, K, I] = {(E, K, I)}, got {tuple(w2.shape)}")
+    _check_scale(w1_scale, (E, N // GROUP, K // GROUP), "w1_scale")
+    _check_scale(w2_scale, (E, K // GROUP, I // GROUP), "w2_scale")
+    G, KB = I // GROUP, K // GROUP
+    a = w1b.view(E, 2, G, CLUSTER, 2, 8, KB, 4, 4, 2, 4)  # e mt g c q r kb t s h j
+    a = a.permute(0, 2, 3, 6, 1, 8, 5, 7, 9, 4, 10)  # e g c kb mt s r t h q j
+    b = w2b.view(E, CLUSTER, KB, 2, 8, G, 4, 4, 2, 4)  # e c m q r g t s h j
+    b = b.permute(0, 5, 1, 2, 7, 4, 6, 8, 3, 9)  # e g c m s r t h q j
+    return FusedWeights(a.contiguous().view(E, N, K), w1_scale.float().contiguous(),
+                        b.contiguous().view(E, K, I), w2_scale.float().contiguous())
+
+
+def _check_scale(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    if t.dtype != torch.float32:
+        raise UserError(f"{name} must be float32, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise UserError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+
+
+# ------------------------------------------------------------------------------ launch shape
+
+
+def shared_bytes(block_m: int, stages: int, K: int) -> int:
+    """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
+    KB = K // GROUP
+    n = stages * CHUNK_BYTES + stages * block_m * X_ROW + block_m * GROUP * 4
+    n += KB * block_m * 4 + 3 * KB * 4 + 3 * block_m * 4
+    n = (n + 7) & ~7
+    return n + 2 * stages * 8
+
+
+def ctas_per_sm(block_m: int) -> int:
+    return 2 if block_m <= 32 else 1  # the kernel's MIN_CTAS_PER_SM
+
+
+def choose_stages(block_m: int, K: int) -> int:
+    """The deepest ring (up to MAX_STAGES) that keeps ctas_per_sm CTAs resident on an SM."""
+    per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // ctas_per_sm(block_m) - 1024)
+    for stages in range(MAX_STAGES, 1, -1):
+        if shared_bytes(block_m, stages, K) <= per_cta:
+            return stages
+    raise UserError(f"cuda-fused: block_m={block_m} with K={K} needs "
+                    f"{shared_bytes(block_m, 2, K)} B of shared memory, more than an SM has")
+
+
+def default_block_m(num_slots: int, num_experts: int) -> int:
+    """Tokens per plan block: decode-sized groups get 8 (Swap-AB n-tile), larger ones more."""
+    per_expert = num_slots / max(num_experts, 1)
+    for bm in (8, 16, 32):
+        if per_expert <= 0.75 * bm:
+            return bm
+    return MAX_BLOCK_M
+
+
+@functools.lru_cache(maxsize=None)
+def build_fused(block_m: int, stages: int):
+    """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
+    from moebench.kernels.cuda_build import compile_source
+    return compile_source(SOURCE, defines={"BLOCK_M": str(block_m), "STAGES": str(stages)})
+
+
+# ------------------------------------------------------------------------------ host wrapper
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise UserError(f"cuda-fused: {msg}")
+
+
+def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, out) -> dict:
+    """Every check the kernel relies on, as one clear sentence each; returns the dimensions."""
+    _need(isinstance(weights, FusedWeights) and weights.layout == LAYOUT,
+          f"weights must come from prepare_fused_weights (layout {LAYOUT})")
+    E, N, K, I = weights.E, weights.N, weights.K, weights.I
+    _need(K % GROUP == 0 and K > 0, f"K={K} must be a positive multiple of {GROUP}")
+    _need(N % (2 * GROUP) == 0 and N > 0, f"N={N} must be a positive multiple of {2 * GROUP}")
+    _need(1 <= E <= MAX_E, f"E={E} must be in [1, {MAX_E}]")
+    _need(x.dtype == FP8, f"x must be float8_e4m3fn, got {x.dtype}")
+    _need(x.dim() == 2 and x.shape[1] == K, f"x must be [M, K={K}], got {list(x.shape)}")
+    M = x.shape[0]
+    _need(M >= 1, "x has no rows")
+    _need(x_scale.dtype == torch.float32, f"x_scale must be float32, got {x_scale.dtype}")
+    _need(tuple(x_scale.shape) == (M, K // GROUP), f"x_scale must be [{M}, {K // GROUP}], got {list(x_scale.shape)}")
+    _need(topk_weights.dtype == torch.float32, f"topk_weights must be float32, got {topk_weights.dtype}")
+    _need(topk_weights.dim() == 2 and topk_weights.shape[0] == M,
+          f"topk_weights must be [M={M}, top_k], got {list(topk_weights.shape)}")
+    top_k = topk_weights.shape[1]
+    _need(1 <= top_k <= MAX_TOP_K, f"top_k={top_k} must be in [1, {MAX_TOP_K}]")
+    bm = plan.block_m
+    _need(bm % 8 == 0 and 8 <= bm <= MAX_BLOCK_M, f"block_m={bm} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
+    _need(plan.num_slots == M * top_k, f"the plan has {plan.num_slots} slots, expected M*top_k = {M * top_k}")
+    for name in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
+        t = getattr(plan, name)
+        _need(t.dtype == torch.int32 and t.dim() == 1, f"plan.{name} must be a 1-D int32 tensor")
+    cap = plan.sorted_token_ids.numel()
+    need = plan_capacity(M * top_k, E, bm)
+    _need(cap >= need and cap % bm == 0,
+          f"plan.sorted_token_ids holds {cap} slots; the worst case needs {need} (a multiple of block_m={bm})")
+    _need(plan.expert_ids.numel() >= cap // bm, f"plan.expert_ids holds {plan.expert_ids.numel()} blocks, needs {cap // bm}")
+    _need(plan.num_tokens_post_padded.numel() >= 1, "plan.num_tokens_post_padded is empty")
+    _need(CLUSTER * (cap // bm) < 2**31, "the plan is too large for one launch")
+    if out is not None:
+        _need(out.dtype == torch.bfloat16, f"out must be bfloat16, got {out.dtype}")
+        _need(tuple(out.shape) == (M, K), f"out must be [{M}, {K}], got {list(out.shape)}")
+    tensors = {"x": x, "x_scale": x_scale, "w1": weights.w1, "w1_scale": weights.w1_scale, "w2": weights.w2,
+               "w2_scale": weights.w2_scale, "topk_weights": topk_weights, "out": out,
+               "plan.sorted_token_ids": plan.sorted_token_ids, "plan.expert_ids": plan.expert_ids,
+               "plan.num_tokens_post_padded": plan.num_tokens_post_padded}
+    dev = x.device
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        _need(t.device == dev, f"{name} is on {t.device}, x on {dev}: all tensors must share one CUDA device")
+        _need(t.is_contiguous(), f"{name} must be contiguous")
+        _need(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned")
+    _need(dev.type == "cuda", f"tensors must be on a CUDA device, got {dev}")
+    cap_major_minor = torch.cuda.get_device_capability(dev)
+    _need(cap_major_minor == (9, 0), f"needs an sm_90 GPU (H100/H200), {dev} is sm_{cap_major_minor[0]}{cap_major_minor[1]}")
+    return dict(M=M, K=K, N=N, I=I, E=E, top_k=top_k, block_m=bm, capacity=cap)
+
+
+def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
+                      out: torch.Tensor | None = None, *, stages: int | None = None):
+    """Validate once and allocate the output if needed (a zeroed one when None); returns
+    (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream."""
+    import numpy as np
+    dims = validate(x, x_scale, weights, plan, topk_weights, out)
+    if out is None:
+        out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
+    bm, K = dims["block_m"], dims["K"]
+    stages = choose_stages(bm, K) if stages is None else stages
+    smem = shared_bytes(bm, stages, K)
+    _need(2 <= stages <= 8 and smem <= SMEM_PER_CTA, f"stages={stages} needs {smem} B of shared memory")
+    module = build_fused(bm, stages)
+    kernel = module.kernel(KERNEL_NAME, x.device.index)
+    grid = (CLUSTER * (dims["capacity"] // bm), dims["I"] // GROUP, 1)
+    args = (x.data_ptr(), x_scale.data_ptr(), weights.w1.data_ptr(), weights.w1_scale.data_ptr(),
+            weights.w2.data_ptr(), weights.w2_scale.data_ptr(), plan.sorted_token_ids.data_ptr(),
+            plan.expert_ids.data_ptr(), plan.num_tokens_post_padded.data_ptr(), topk_weights.data_ptr(),
+            out.data_ptr(), np.int32(plan.num_slots), np.int32(dims["top_k"]), np.int32(K), np.int32(dims["E"]))
+    keep = (x, x_scale, weights, plan, topk_weights, out)  # the pointers stay valid while launch lives
+
+    def launch() -> None:
+        from moebench.kernels.cuda_build import launch as cuda_launch
+        _ = keep
+        cuda_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
+
+    return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid)
+
+
+def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """out[t] += sum_k w[t,k] * MoE expert ids[t,k] (x_t), one kernel on torch's current stream.
+    `out` (BF16 [M, K]) is accumulated into; a zeroed one is allocated when None."""
+    launch, out, _, _ = make_fused_launch(x, x_scale, weights, plan, topk_weights, out)
+    launch()
+    return out
+
+
+# ------------------------------------------------------------------------------ the arm
+
+
+@register_arm("cuda-fused")
+class CudaFusedArm(Arm):
+    name = "cuda-fused"
+    description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
+
+    def __init__(self, block_m: int | None = None, stages: int | None = None):
+        self.block_m, self.stages = block_m, stages
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        device = torch.device(device)
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return "needs a CUDA device (sm_90: H100/H200)"
+        cap = torch.cuda.get_device_capability(device)
+        if cap != (9, 0):
+            return f"needs an sm_90 GPU (H100/H200); {torch.cuda.get_device_name(device)} is sm_{cap[0]}{cap[1]}"
+        try:
+            import cuda.core  # noqa: F401
+            from cuda.bindings import nvrtc  # noqa: F401
+        except ImportError as err:
+            return f"needs cuda-core and NVRTC ({err})"
+        return None
+
+    def prepare(self, fx: Fixture) -> PreparedCall:
+        s = fx.spec
+        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+        bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
+        plan = route_plan(fx.topk_ids, s.E, bm).to(fx.device)
+        launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
+                                                      stages=self.stages)
+        res = module.resources(KERNEL_NAME)
+        identity = {
+            "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
+            "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": CLUSTER,
+            "threads": THREADS, "grid": list(dims["grid"]), "build": module.build.to_dict(),
+            "registers": res.registers, "spills": res.spill_stores + res.spill_loads,
+        }
+        return PreparedCall(arm=self.name, run=launch, output=out,
+                            kernels=(KernelDecl("fused", r"moebench_fused_moe", 1),),
+                            reset=out.zero_, identity=identity)

@@ -1,0 +1,302 @@
+"""CPU tests of the cuda-fused arm: NVRTC compile (no spills), the weight layout against the
+PTX mma fragment maps, the epilogue's lane pairing, and host validation errors."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from moebench.errors import UserError
+from moebench.fixtures import route_plan
+from moebench.kernels import fused_arm
+from moebench.kernels.fused_arm import choose_stages, prepare_fused_weights, shared_bytes, validate
+
+FP8 = torch.float8_e4m3fn
+
+
+def _codes(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+
+
+# ------------------------------------------------------------------------------ compile
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.core")
+    from moebench.kernels import cuda_build
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
+    cuda_build.clear_memo()
+    yield
+    cuda_build.clear_memo()
+
+
+@pytest.mark.parametrize("block_m", [8, 16, 32, 64])
+def test_compiles_for_sm90a_without_spills(cache, block_m):
+    from moebench.kernels.cuda_build import compile_source
+    stages = choose_stages(block_m, 7168)
+    m = compile_source(fused_arm.SOURCE, defines={"BLOCK_M": str(block_m), "STAGES": str(stages)})
+    r = m.resources(fused_arm.KERNEL_NAME)
+    assert m.build.arch == "sm_90a"
+    assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r
+    limit = 65536 // (fused_arm.THREADS * fused_arm.ctas_per_sm(block_m))
+    assert r.registers <= limit
+    assert r.shared_bytes == 0  # all shared memory is dynamic, sized by shared_bytes()
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(p) if p.is_file() else None
+    except ImportError:
+        return None
+
+
+def test_sass_has_the_instructions_we_meant(cache, tmp_path):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    from moebench.kernels.cuda_build import compile_source
+    m = compile_source(fused_arm.SOURCE, defines={"BLOCK_M": "8", "STAGES": "5"})
+    cubin = tmp_path / "fused.cubin"
+    cubin.write_bytes(m.cubin)
+    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    for op in ("HMMA", "UBLKCP", "SYNCS.PHASECHK", "REDG.E.ADD.BF16x2", "UCGABAR_ARV", "UCGABAR_WAIT"):
+        assert op in sass, op
+    assert not re.search(r"\b(LDL|STL)\b", sass)  # nothing in local memory
+
+
+def test_shared_bytes_and_stages():
+    # BLOCK_M 8 at K=7168: two CTAs an SM with a 5-deep ring
+    assert choose_stages(8, 7168) == 5
+    assert 2 * (shared_bytes(8, 5, 7168) + 1024) <= fused_arm.SMEM_PER_SM
+    assert shared_bytes(64, choose_stages(64, 7168), 7168) <= fused_arm.SMEM_PER_CTA
+    with pytest.raises(UserError, match="shared memory"):
+        choose_stages(64, 1 << 20)
+
+
+# ------------------------------------------------------------------------------ layout
+
+
+def _a_fragment_coords():
+    """PTX ISA, mma.m16n8k32 .e4m3 A fragment: (lane, reg, byte) -> (row, logical k)."""
+    lane = torch.arange(32).view(32, 1, 1)
+    reg = torch.arange(4).view(1, 4, 1)
+    byte = torch.arange(4).view(1, 1, 4)
+    i = 4 * reg + byte
+    row = (lane >> 2) + 8 * ((i >= 4) & (i < 8) | (i >= 12))
+    col = 4 * (lane & 3) + (i & 3) + 16 * (i >= 8)
+    return row.expand(32, 4, 4), col.expand(32, 4, 4)
+
+
+def _b_fragment_coords():
+    """PTX ISA, mma.m16n8k32 .e4m3 B fragment: (lane, reg, byte) -> (logical k, column)."""
+    lane = torch.arange(32).view(32, 1, 1)
+    reg = torch.arange(2).view(1, 2, 1)
+    byte = torch.arange(4).view(1, 1, 4)
+    i = 4 * reg + byte
+    k = 4 * (lane & 3) + (i & 3) + 16 * (i >= 4)
+    return k.expand(32, 2, 4), (lane >> 2).expand(32, 2, 4)
+
+
+def _physical_k_of_b(step: int):
+    """Where the kernel's B fragment bytes come from: lane (g, t) reads bytes [32t, 32t+32) of
+    its token's 128-byte k block, words 2s and 2s+1 for k-step s."""
+    lane = torch.arange(32).view(32, 1, 1)
+    reg = torch.arange(2).view(1, 2, 1)
+    byte = torch.arange(4).view(1, 1, 4)
+    return (32 * (lane & 3) + 8 * step + 4 * reg + byte).expand(32, 2, 4)
+
+
+def _logical_to_physical(step: int) -> torch.Tensor:
+    """The k permutation the B loads imply: logical k of k-step `step` -> physical k in the block."""
+    k, _ = _b_fragment_coords()
+    perm = torch.full((32,), -1, dtype=torch.long)
+    perm[k.reshape(-1)] = _physical_k_of_b(step).reshape(-1)
+    assert (perm >= 0).all() and perm.unique().numel() == 32
+    return perm
+
+
+def _decode_tiles(tiles: torch.Tensor) -> torch.Tensor:
+    """[..., 4 k-steps, 32 lanes, 16 bytes] in fragment order -> [..., 16 rows, 128 physical k]."""
+    row, col = _a_fragment_coords()
+    lead = tiles.shape[:-3]
+    out = torch.full((*lead, 16, 128), -1, dtype=torch.int16)
+    for s in range(4):
+        phys = _logical_to_physical(s)[col]  # [32, 4, 4]
+        src = tiles[..., s, :, :].reshape(*lead, 32, 4, 4).to(torch.int16)
+        out[..., row.reshape(-1), phys.reshape(-1)] = src.reshape(*lead, -1)
+    return out
+
+
+def test_w1_layout_matches_the_mma_fragments():
+    E, N, K = 2, 512, 384  # two groups, three k blocks
+    I, G, KB = N // 2, N // 256, K // 128
+    w1, w2 = _codes(E, N, K, seed=1), _codes(E, K, I, seed=2)
+    pw = prepare_fused_weights(w1.view(FP8), torch.ones(E, N // 128, KB), w2.view(FP8), torch.ones(E, KB, G))
+    # per CTA (e, g, c): 32*K bytes = [kb, mt, s, lane, 16]
+    cta = pw.w1.view(E, G, 8, KB, 2, 4, 32, 16)
+    rows = _decode_tiles(cta)  # [E, G, 8, KB, 2, 16, 128]
+    assert (rows >= 0).all()
+    for e in range(E):
+        for g in range(G):
+            for c in range(8):
+                for mt in range(2):
+                    n0 = mt * I + 128 * g + 16 * c
+                    want = w1[e, n0:n0 + 16].view(16, KB, 128).permute(1, 0, 2).to(torch.int16)
+                    assert torch.equal(rows[e, g, c, :, mt], want)
+
+
+def test_w2_layout_matches_the_mma_fragments():
+    E, N, K = 2, 512, 384
+    I, G, KB = N // 2, N // 256, K // 128
+    w1, w2 = _codes(E, N, K, seed=3), _codes(E, K, I, seed=4)
+    pw = prepare_fused_weights(w1.view(FP8), torch.ones(E, N // 128, KB), w2.view(FP8), torch.ones(E, KB, G))
+    cta = pw.w2.view(E, G, 8, KB, 4, 32, 16)  # per CTA: K/8 rows = KB m-tiles
+    rows = _decode_tiles(cta)  # [E, G, 8, KB (m-tile), 16, 128]
+    for e in range(E):
+        for g in range(G):
+            for c in range(8):
+                r0 = c * K // 8
+                want = w2[e, r0:r0 + K // 8, 128 * g:128 * g + 128].view(KB, 16, 128).to(torch.int16)
+                assert torch.equal(rows[e, g, c], want)
+
+
+def test_permuted_mma_equals_the_plain_product():
+    """A k block through the kernel's operand mapping gives W @ X^T exactly."""
+    W = torch.randint(-8, 8, (16, 128)).float()
+    X = torch.randint(-8, 8, (8, 128)).float()
+    total = torch.zeros(16, 8)
+    for s in range(4):
+        perm = _logical_to_physical(s)
+        total += W[:, perm] @ X[:, perm].T  # A logical [16, 32] times B logical [32, 8]
+    assert torch.equal(total, W @ X.T)
+
+
+def test_epilogue_pairs_every_output_once():
+    """Simulate GEMM2's epilogue: C fragment (PTX: c0,c1 row g cols 2t,2t+1; c2,c3 row g+8),
+    the shuffle with lane ^ 4, and the bf16x2 address; every (row, token) lands once, in place."""
+    val = {(r, t): 100 * r + t for r in range(16) for t in range(8)}
+    frag = {}
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        frag[lane] = [val[(g, 2 * t)], val[(g, 2 * t + 1)], val[(g + 8, 2 * t)], val[(g + 8, 2 * t + 1)]]
+    written = {}
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        odd = g & 1
+        partner = frag[lane ^ 4]
+        p_odd = (lane ^ 4) >> 2 & 1
+        got_lo = partner[0] if p_odd else partner[1]  # what the partner sent
+        got_hi = partner[2] if p_odd else partner[3]
+        v00, v01, v10, v11 = frag[lane]
+        token = 2 * t + 1 if odd else 2 * t
+        row = g - 1 if odd else g
+        for base, lo, hi in ((row, got_lo if odd else v00, v01 if odd else got_lo),
+                             (row + 8, got_hi if odd else v10, v11 if odd else got_hi)):
+            assert base % 2 == 0
+            for r, v in ((base, lo), (base + 1, hi)):
+                assert (r, token) not in written
+                written[(r, token)] = v
+    assert written == val
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def _problem(M=4, K=256, N=256, E=4, top_k=2, block_m=8):
+    w1, w2 = _codes(E, N, K, seed=5).view(FP8), _codes(E, K, N // 2, seed=6).view(FP8)
+    weights = prepare_fused_weights(w1, torch.ones(E, N // 128, K // 128), w2, torch.ones(E, K // 128, N // 256))
+    ids = torch.stack([torch.randperm(E)[:top_k] for _ in range(M)]).int()
+    plan = route_plan(ids, E, block_m)
+    x = _codes(M, K, seed=7).view(FP8)
+    return dict(x=x, x_scale=torch.ones(M, K // 128), weights=weights, plan=plan,
+                topk_weights=torch.ones(M, top_k), out=None)
+
+
+def _check(**changes):
+    p = _problem()
+    p.update(changes)
+    validate(p["x"], p["x_scale"], p["weights"], p["plan"], p["topk_weights"], p["out"])
+
+
+def test_validation_reaches_the_device_check_when_all_else_is_right():
+    with pytest.raises(UserError, match="CUDA device"):
+        _check()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: dict(x=p["x"].view(torch.uint8)), "x must be float8_e4m3fn"),
+    (lambda p: dict(x=p["x"][:, :128]), r"x must be \[M, K=256\]"),
+    (lambda p: dict(x_scale=p["x_scale"].double()), "x_scale must be float32"),
+    (lambda p: dict(x_scale=p["x_scale"][:, :1]), r"x_scale must be \[4, 2\]"),
+    (lambda p: dict(topk_weights=p["topk_weights"].half()), "topk_weights must be float32"),
+    (lambda p: dict(topk_weights=torch.ones(4, 17)), "top_k=17 must be in"),
+    (lambda p: dict(topk_weights=torch.ones(4, 3)), "the plan has 8 slots"),
+    (lambda p: dict(out=torch.zeros(4, 256)), "out must be bfloat16"),
+    (lambda p: dict(out=torch.zeros(4, 128, dtype=torch.bfloat16)), r"out must be \[4, 256\]"),
+    (lambda p: dict(weights=(p["weights"].w1, p["weights"].w2)), "prepare_fused_weights"),
+    (lambda p: dict(x_scale=torch.ones(2, 4)[:, ::2]), r"x_scale must be \[4, 2\]"),
+    (lambda p: dict(x_scale=torch.ones(4, 4)[:, ::2]), "x_scale must be contiguous"),
+])
+def test_validation_errors(change, message):
+    p = _problem()
+    with pytest.raises(UserError, match=message):
+        _check(**change(p))
+
+
+def test_plan_capacity_and_block_m_are_checked():
+    p = _problem()
+    plan = p["plan"]
+    short = type(plan)(plan.block_m, plan.sorted_token_ids[:8], plan.expert_ids[:1],
+                       plan.num_tokens_post_padded, plan.num_slots)
+    with pytest.raises(UserError, match="worst case needs"):
+        _check(plan=short)
+    few_blocks = type(plan)(plan.block_m, plan.sorted_token_ids, plan.expert_ids[:1],
+                            plan.num_tokens_post_padded, plan.num_slots)
+    with pytest.raises(UserError, match="expert_ids holds 1 blocks"):
+        _check(plan=few_blocks)
+    int64 = type(plan)(plan.block_m, plan.sorted_token_ids.long(), plan.expert_ids,
+                       plan.num_tokens_post_padded, plan.num_slots)
+    with pytest.raises(UserError, match="1-D int32"):
+        _check(plan=int64)
+    ids = torch.tensor([[0, 1]] * 4, dtype=torch.int32)
+    for bm in (4, 12 * 8, 13):
+        with pytest.raises(UserError, match="block_m"):
+            _check(plan=route_plan(ids, 4, bm))
+
+
+def test_weights_preparation_errors():
+    w1, w2 = _codes(2, 256, 256).view(FP8), _codes(2, 256, 128).view(FP8)
+    s1, s2 = torch.ones(2, 2, 2), torch.ones(2, 2, 1)
+    prepare_fused_weights(w1, s1, w2, s2)
+    with pytest.raises(UserError, match="float8_e4m3fn"):
+        prepare_fused_weights(w1.view(torch.uint8).float(), s1, w2, s2)
+    with pytest.raises(UserError, match="K=200"):
+        prepare_fused_weights(_codes(2, 256, 200).view(FP8), s1, w2, s2)
+    with pytest.raises(UserError, match="N=128"):
+        prepare_fused_weights(_codes(2, 128, 256).view(FP8), s1, w2, s2)
+    with pytest.raises(UserError, match="w2 must be"):
+        prepare_fused_weights(w1, s1, _codes(2, 256, 64).view(FP8), s2)
+    with pytest.raises(UserError, match="w1_scale must be"):
+        prepare_fused_weights(w1, torch.ones(2, 2, 3), w2, s2)
+    with pytest.raises(UserError, match="w2_scale must be float32"):
+        prepare_fused_weights(w1, s1, w2, s2.double())
+
+
+def test_arm_is_registered_and_explains_unavailability():
+    from moebench.kernels.arm import load_builtin_arms, make_arm
+    assert "cuda-fused" in load_builtin_arms()
+    arm = make_arm("cuda-fused")
+    reason = arm.unavailable_reason(torch.device("cpu"))
+    assert reason and "CUDA" in reason
