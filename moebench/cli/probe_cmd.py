@@ -1,0 +1,44 @@
+"""`moebench probe`: time one single-kernel workload, e.g. to check the timer against ncu."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from moebench.cli import cli
+from moebench.fidelity import OPS, parse_ncu_csv, run_probe
+from moebench.timing.flush import FLUSH_MODES
+
+
+@cli.command("probe")
+@click.option("--op", type=click.Choice(sorted(OPS)), default="add", show_default=True,
+              help="add: c = a + b; mul: c = 2a (fp32, one torch elementwise kernel).")
+@click.option("--mib", type=int, default=256, show_default=True, help="Size of each tensor.")
+@click.option("--samples", type=int, default=100, show_default=True)
+@click.option("--warmup", type=int, default=10, show_default=True)
+@click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True)
+@click.option("--timer", type=click.Choice(["cupti", "events", "none"]), default="cupti", show_default=True,
+              help="none: only launch (for ncu/nsys to measure).")
+@click.option("--ncu-csv", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="ncu --csv output of the same workload: print its median and the difference.")
+def probe(op, mib, samples, warmup, flush, timer, ncu_csv):
+    """Time one kernel exactly as `moebench run` times an arm (cold L2, audited)."""
+    res = run_probe(op, mib, samples, warmup, flush, timer)
+    if timer == "none":
+        click.echo(f"launched {op} ({mib} MiB per tensor) {samples + warmup} times, flush {flush}, untimed")
+        return
+    med = res.median_ns
+    a = res.audit
+    click.echo(f"{op}: median {med / 1e3:.3f} us over {len(res.samples)} samples ({timer}, flush {flush}); "
+               f"{res.bytes_moved / (med * 1e-9) / 1e12:.2f} TB/s; audit {a.samples_passed}/{a.samples_total}")
+    click.echo(f"kernels: {', '.join(res.kernel_names) or '(not visible to the events timer)'}")
+    if ncu_csv:
+        from statistics import median
+        pattern = OPS[op][0]
+        ncu = parse_ncu_csv(Path(ncu_csv).read_text(), kernel_regex=pattern)
+        ncu_med = median(ncu)
+        click.echo(f"ncu gpu__time_duration.sum: median {ncu_med / 1e3:.3f} us over {len(ncu)} kernels; "
+                   f"moebench/ncu = {med / ncu_med:.4f} ({100 * (med / ncu_med - 1):+.2f}%)")
+    if not a.passed:
+        raise click.exceptions.Exit(1)

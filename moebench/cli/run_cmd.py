@@ -1,0 +1,69 @@
+"""`moebench run`: time arms against each other on shapes, save a RunResult, print tables."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from moebench.cli import cli
+from moebench.cli.common import balancedness_option, shape_option, shapes_file_option
+from moebench.kernels.arm import parse_arm_list
+from moebench.results.tables import findings_lines, print_tables
+from moebench.runner import RunFailed, RunRequest, run
+from moebench.timing.flush import FLUSH_MODES
+
+DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
+
+
+@contextmanager
+def _progress(console: Console, total: int):
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        task = bar.add_task("timing", total=total)
+
+        def advance(round_, unit, n):
+            bar.update(task, advance=n, description=f"round {round_} {unit.shape} {unit.arm}")
+        yield advance
+
+
+@cli.command("run")
+@shape_option
+@shapes_file_option
+@balancedness_option
+@click.option("--arms", "arms", multiple=True, required=True, metavar="A[,A...]",
+              help="Arms to time, in the order odd rounds run them.")
+@click.option("--ref", default=None, help="Arm the ratios are taken against (default: the first).")
+@click.option("--rounds", type=int, default=5, show_default=True)
+@click.option("--samples", type=int, default=30, show_default=True, help="Per arm per round.")
+@click.option("--warmup", type=int, default=5, show_default=True, help="Per arm per round, untimed.")
+@click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True,
+              help="L2 flush before each sample: read (cold, clean), write (cold, dirty), none.")
+@click.option("--timer", type=click.Choice(["cupti", "events"]), default="cupti", show_default=True,
+              help="CUPTI kernel records, or CUDA events (labelled so in the result).")
+@click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
+              help="Folder the RunResult JSON is written to.")
+def run_command(shapes, shapes_file, balancedness, arms, ref, rounds, samples, warmup, flush, timer, out_dir):
+    """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
+    console = Console()
+    req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
+                     arms=tuple(parse_arm_list(list(arms))), ref=ref, rounds=rounds, samples=samples,
+                     warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
+                     shapes_file=shapes_file, command=("moebench", *sys.argv[1:]))
+    try:
+        result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
+                           progress_factory=lambda total: _progress(console, total))
+    except RunFailed as err:
+        click.echo(f"moebench: error: {err}", err=True)
+        raise click.exceptions.Exit(err.exit_code) from None
+    print_tables(result, console)
+    console.print(f"saved {path}")
+    if not result.audit.passed:
+        a = result.audit
+        click.echo(f"moebench: error: audit failed: {a.samples_passed}/{a.samples_total} samples passed"
+                   f"{f', {a.dropped_records} records dropped' if a.dropped_records else ''}; first findings: "
+                   + " | ".join(findings_lines(result, 3)), err=True)
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,63 @@
+"""RunResult files: round trip, version check, atomic save; the tables read only fields."""
+
+import json
+
+import pytest
+from rich.console import Console
+from timing_fakes import make_result
+
+from moebench.errors import UserError
+from moebench.results import store
+from moebench.results.schema import SCHEMA_VERSION
+from moebench.results.tables import audit_line, print_tables, ratio_table, summary_table
+
+
+@pytest.mark.parametrize("timer", ["cupti", "events"])
+def test_round_trip_is_exact(tmp_path, timer):
+    r = make_result(timer)
+    path = store.save(r, tmp_path / "r.json")
+    back = store.load(path)
+    assert back == r
+    assert back.samples[0].value_ns == r.samples[0].value_ns
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left
+
+
+def test_version_and_format_are_checked(tmp_path):
+    data = json.loads(store.dumps(make_result()))
+    assert data["schema_version"] == SCHEMA_VERSION and data["format"] == "moebench.RunResult"
+    data["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(UserError, match="schema_version"):
+        store.loads(json.dumps(data))
+    data["schema_version"] = SCHEMA_VERSION
+    del data["audit"]
+    with pytest.raises(UserError, match="missing field 'audit'"):
+        store.loads(json.dumps(data))
+    with pytest.raises(UserError, match="not a moebench RunResult"):
+        store.loads("{}")
+
+
+def test_every_sample_is_kept_with_its_kernels():
+    r = make_result()
+    data = json.loads(store.dumps(r))
+    assert len(data["samples"]) == len(r.samples)
+    assert data["samples"][0]["kernels"][0].keys() == {"name", "start_ns", "end_ns"}
+
+
+def test_tables_format_fields(tmp_path):
+    r = make_result()
+    console = Console(record=True, width=160)
+    print_tables(r, console)
+    text = console.export_text()
+    assert "100.00" in text and "80.00" in text and "1.250" in text and "2/2" in text
+    assert "audit passed: 8/8 samples audited" in text and "CUPTI" in text
+    assert summary_table(r).row_count == 2 and ratio_table(r).row_count == 1
+
+
+def test_tables_label_events_and_findings():
+    r = make_result("events", failed=True)
+    console = Console(record=True, width=160)
+    print_tables(r, console)
+    text = console.export_text()
+    assert "CUDA EVENTS" in text and "audit FAILED: 7/8" in text
+    assert "A8 triton round 1 sample 0: 2 kernels, expected 1" in text
+    assert audit_line(r).startswith("audit FAILED")

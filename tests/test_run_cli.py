@@ -1,0 +1,159 @@
+"""`moebench run` end to end on the CPU (fake arms, fake CUPTI), and its one-line errors."""
+
+import json
+
+import pytest
+import torch
+from timing_fakes import FakeGpu, FakeTracer
+
+from moebench.cli import main
+from moebench.kernels.arm import ARMS, Arm, KernelDecl, PreparedCall, register_arm
+from moebench.results.store import load
+from moebench.runner import RunFailed, RunRequest, TimingBackend, result_filename, run
+from moebench.timing.engine import Unit
+
+GPU = FakeGpu()
+
+
+class _FakeArm(Arm):
+    description = "oracle output copied by fake kernels"
+    kernels = (("fake_gemm1", 3000), ("fake_gemm2", 2000))
+    broken = False
+
+    def prepare(self, fx):
+        from moebench.fixtures import fixture_reference
+        ref = fixture_reference(fx)
+        out = torch.empty_like(ref)
+        decl = tuple(KernelDecl(n, n) for n, _ in self.kernels)
+
+        def run_():
+            out.copy_(ref if not self.broken else ref * 2)
+            for name, dur in self.kernels:
+                GPU.launch(name, dur)
+        return PreparedCall(self.name, run_, out, decl, identity={"fake": True})
+
+
+def _register():
+    if "fake-ref" in ARMS:
+        return
+    for name, kernels, broken in (("fake-ref", _FakeArm.kernels, False), ("fake-fast", (("fake_fused", 2500),), False),
+                                  ("fake-broken", _FakeArm.kernels, True), ("fake-extra", _FakeArm.kernels, False)):
+        cls = type(name, (_FakeArm,), {"name": name, "kernels": kernels, "broken": broken})
+        register_arm(name)(cls)
+
+
+_register()
+
+
+def backend(flush="read", drop_in_round=None):
+    def probe():
+        return Unit("_probe", "read", run=lambda: GPU.launch("reduce_kernel", 250_000)), 1_000_000_000
+    return TimingBackend(device=torch.device("cpu"), make_timer=lambda cap: FakeTracer(GPU, drop_in_round),
+                         flush=(lambda: GPU.launch("flush_reduce", 50_000)) if flush != "none" else (lambda: None),
+                         flush_bytes=256 * 2**20 if flush != "none" else 0, sync=lambda: None,
+                         probe=probe)
+
+
+def test_pipeline_writes_an_audited_result(tmp_path):
+    req = RunRequest(shapes=("T8", "T16"), arms=("fake-ref", "fake-fast"), rounds=3, samples=4, warmup=1,
+                     out_dir=str(tmp_path), command=("moebench", "run"))
+    result, path = run(req, backend())
+    assert path.parent == tmp_path and path.name == result_filename(result)
+    assert "T8-T16_fake-ref-vs-fake-fast" in path.name
+    back = load(path)
+    assert back == result
+    assert result.audit.passed and result.audit.samples_total == 3 * 2 * 2 * 4
+    assert result.settings.timer == "cupti" and result.settings.flush == "read"
+    assert [(s.shape, s.arm) for s in result.summaries] == [("T8", "fake-ref"), ("T8", "fake-fast"),
+                                                            ("T16", "fake-ref"), ("T16", "fake-fast")]
+    ratio = result.ratios[0]
+    assert ratio.ref == "fake-ref" and ratio.median == pytest.approx(5000 / 2500) and ratio.rounds_won == 3
+    assert result.summaries[0].median_ns == 5000 and result.summaries[0].span_median_ns == 6000
+    assert result.provenance.gpu is None and result.fixtures[0].fingerprint
+    assert all(p.passed for p in result.parity) and result.arms[0].identity == {"fake": True}
+    json.loads(path.read_text())  # plain JSON
+
+
+def test_parity_failure_refuses_to_time(tmp_path):
+    req = RunRequest(shapes=("T8",), arms=("fake-ref", "fake-broken"), rounds=1, samples=1, warmup=0,
+                     out_dir=str(tmp_path))
+    with pytest.raises(RunFailed, match="fake-broken at T8"):
+        run(req, backend())
+    assert not list(tmp_path.iterdir())
+
+
+def test_audit_failure_is_kept_in_the_result(tmp_path):
+    req = RunRequest(shapes=("T8",), arms=("fake-ref",), rounds=2, samples=2, warmup=0, out_dir=str(tmp_path),
+                     measure_bandwidth=False)
+    result, _ = run(req, backend(drop_in_round=2))
+    assert not result.audit.passed and result.audit.dropped_records == 3
+
+
+def test_filename_marks_non_default_timer_and_flush(tmp_path):
+    req = RunRequest(shapes=("T8",), arms=("fake-ref",), rounds=1, samples=1, warmup=0, out_dir=str(tmp_path),
+                     flush="none", measure_bandwidth=False)
+    result, path = run(req, backend(flush="none"))
+    assert path.name.endswith("_flush-none.json") and result.settings.flush_bytes == 0
+
+
+def cli_error(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return exc.value.code, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--arms", "fake-ref", "--flush", "hot"], "--flush"),
+    (["run", "--arms", "fake-ref", "--timer", "tsc"], "--timer"),
+    (["run", "--arms", "nope"], "unknown arm 'nope'"),
+    (["run", "--arms", "fake-ref,fake-ref"], "given twice"),
+    (["run", "--arms", "fake-ref", "--ref", "fake-fast"], "--ref 'fake-fast' is not one of the arms"),
+    (["run", "--arms", "fake-ref", "--rounds", "0"], "--rounds"),
+    (["run", "--arms", "fake-ref", "--shape", "Z9"], "unknown shape family"),
+    (["run"], "--arms"),
+])
+def test_cli_user_errors_are_one_line_exit_2(capsys, argv, needle):
+    code, err = cli_error(capsys, *argv)
+    assert code == 2 and needle in err and err.startswith("moebench: error:")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cli_without_gpu_says_so(capsys):
+    code, err = cli_error(capsys, "run", "--arms", "fake-ref", "--shape", "T8")
+    assert code == 2 and "no CUDA device" in err
+    code, err = cli_error(capsys, "probe")
+    assert code == 2 and "no CUDA device" in err
+
+
+def test_ncu_csv_parsing():
+    from moebench.fidelity import parse_ncu_csv
+    text = '\n'.join([
+        "==PROF== Connected to process 1",
+        '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
+        '"0","1","void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",'
+        '"gpu__time_duration.sum","usecond","52.10"',
+        '"1","1","void at::native::reduce_kernel<512>","gpu__time_duration.sum","nsecond","70,000"',
+        '"2","1","void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",'
+        '"gpu__time_duration.sum","nsecond","52,300"',
+    ])
+    assert parse_ncu_csv(text, kernel_regex="CUDAFunctor_add") == [52100.0, 52300.0]
+    assert len(parse_ncu_csv(text)) == 3
+    from moebench.errors import UserError
+    with pytest.raises(UserError):
+        parse_ncu_csv("no csv here")
+
+
+def test_flush_sizes():
+    from moebench.errors import UserError
+    from moebench.timing.flush import L2Flush, flush_bytes_for
+    assert flush_bytes_for(60 * 2**20, "read") == 256 * 2**20
+    assert flush_bytes_for(200 * 2**20, "write") == 400 * 2**20
+    assert flush_bytes_for(60 * 2**20, "none") == 0
+    with pytest.raises(UserError):
+        flush_bytes_for(1, "hot")
+    f = L2Flush("read", 1, "cpu")  # runs on the CPU too: one op into a preallocated scalar
+    f()
+    assert f.nbytes == 256 * 2**20
+    f.release()

@@ -1,0 +1,97 @@
+"""The real timing stage on a GPU: CUPTI tracer, flush modes, events timer, the probe.
+
+A tiny torch "arm" (two elementwise kernels) goes through the same engine and audit as
+`moebench run`."""
+
+import pytest
+import torch
+
+from moebench.results.schema import DeclaredKernel
+from moebench.runner import RunRequest, cuda_backend, measure_read_bandwidth
+from moebench.timing.audit import audit_samples
+from moebench.timing.engine import EngineConfig, Unit, run_rounds
+
+pytestmark = pytest.mark.gpu
+
+DECL = (DeclaredKernel("add", r"Functor\w*_add", 1), DeclaredKernel("mul", "MulFunctor", 1))
+
+
+def tiny_unit(shape="T", arm="torch2", n=1 << 22):
+    a = torch.ones(n, device="cuda")
+    b = torch.ones(n, device="cuda")
+    c = torch.empty_like(a)
+
+    def run():
+        torch.add(a, b, out=c)
+        torch.mul(c, 2.0, out=c)
+    return Unit(shape, arm, run, reset=lambda: c.zero_())
+
+
+def time_tiny(flush="read", timer="cupti", rounds=2, samples=10):
+    backend = cuda_backend(RunRequest(shapes=("T8",), arms=("x",), flush=flush, timer=timer))
+    units = [tiny_unit(arm="one"), tiny_unit(arm="two")]
+    t = backend.make_timer(len(units) * samples)
+    try:
+        out = run_rounds(units, EngineConfig(rounds, samples, 2), t, flush=backend.flush, sync=backend.sync,
+                         clocks=backend.clocks, markers=backend.markers)
+    finally:
+        t.close()
+    declared = {("T", "one"): DECL, ("T", "two"): DECL}
+    return backend, out, audit_samples(out.samples, declared, out.kernels, out.dropped_by_round, timer)
+
+
+@pytest.mark.parametrize("flush", ["read", "write", "none"])
+def test_cupti_samples_hold_exactly_their_kernels(flush):
+    backend, out, audit = time_tiny(flush)
+    assert audit.passed, audit.findings[:3]
+    assert audit.samples_total == 2 * 2 * 10 and audit.dropped_records == 0
+    for s in out.samples:
+        assert "_add" in s.kernels[0].name
+        assert 0 < s.gpu_sum_ns <= s.gpu_span_ns
+    # the flush and reset kernels were traced but are in no sample
+    assert len(out.kernels) > sum(len(s.kernels) for s in out.samples)
+    assert len(out.clocks) == 2
+    assert backend.flush_bytes == (0 if flush == "none" else max(256 * 2**20, 2 * backend.gpu.l2_bytes))
+
+
+def test_cold_read_is_slower_than_warm():
+    def median_sum(flush):
+        _, out, audit = time_tiny(flush, samples=20)
+        assert audit.passed
+        vals = sorted(s.gpu_sum_ns for s in out.samples)
+        return vals[len(vals) // 2]
+    # 3 x 16 MiB touched: fits in L2 when warm
+    assert median_sum("read") > median_sum("none")
+
+
+def test_events_timer():
+    _, out, audit = time_tiny(timer="events")
+    assert audit.passed and all(s.events_ns > 0 and not s.kernels for s in out.samples)
+
+
+def test_tracer_restarts_in_one_process():
+    for _ in range(2):
+        _, _, audit = time_tiny(rounds=1, samples=3)
+        assert audit.passed
+
+
+def test_read_bandwidth_probe_is_plausible():
+    backend = cuda_backend(RunRequest(shapes=("T8",), arms=("x",)))
+    t = backend.make_timer(20)
+    try:
+        bw = measure_read_bandwidth(backend, t)
+    finally:
+        t.close()
+    assert bw is not None and 1e11 < bw < 2e13
+
+
+@pytest.mark.parametrize("timer", ["cupti", "events", "none"])
+def test_probe_single_kernel(timer):
+    from moebench.fidelity import run_probe
+    res = run_probe("add", mib=64, samples=20, warmup=2, timer=timer)
+    if timer == "none":
+        assert res.median_ns is None
+        return
+    assert res.audit.passed and res.median_ns > 0
+    if timer == "cupti":
+        assert len(res.kernel_names) == 1 and "_add" in res.kernel_names[0]
