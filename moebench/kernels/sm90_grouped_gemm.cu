@@ -11,7 +11,9 @@
 // y * tiles_per_cta. Per 128-wide K step a producer warp brings one weight tile
 // (64 rows x 128 B, TMA, 128-byte swizzle) and the block's activation rows (gathered by
 // slot with cp.async into the same swizzled layout, zero for sentinel slots) into one of
-// STAGES shared-memory stages; one consumer warpgroup runs four k32 wgmma on it, then
+// STAGES shared-memory stages (the TMA completes on the stage's mbarrier by bytes; each
+// producer lane publishes its cp.async copies LAG steps later, after wait_group and a
+// proxy fence, so the generic-proxy writes are ordered before wgmma's async-proxy reads); one consumer warpgroup runs four k32 wgmma on it, then
 // folds the partial sum into FP32 accumulators with the weight block's scale and each
 // token's scale (DeepGEMM's promotion: tensor-core FP8 sums never run past 128 of K).
 //
@@ -50,6 +52,8 @@ constexpr int SCALES = (BLOCK_T + 1 + 3) / 4 * 4;  // BLOCK_T token scales, then
 constexpr int C_STRIDE = BLOCK_R + 4;              // epilogue tile row (floats), padded
 constexpr int X_CHUNKS = BLOCK_T * 8 / 32;         // 16-byte activation chunks per producer lane
 constexpr int T_PER_LANE = (BLOCK_T + 31) / 32;
+constexpr int LAG = 2;  // producer steps between issuing a stage's cp.async and publishing it
+static_assert(LAG < STAGES, "the producer would wait on a stage it has not published");
 
 static_assert(SWAP_AB || BLOCK_T == 64, "tokens in the 64-row slot: a token block is 64 slots");
 static_assert(BLOCK_T % 8 == 0 && BLOCK_T >= 8 && BLOCK_T <= 64, "BLOCK_T: a multiple of 8 in [8, 64]");
@@ -112,7 +116,7 @@ __device__ __forceinline__ void grouped_gemm(
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 32 + 1);  // 32 producer lanes' cp.async arrivals + the TMA expect_tx
+      mbar_init(&full[s], 32 + 1);  // 32 producer lanes (activations landed) + the TMA expect_tx
       mbar_init(&empty[s], CONSUMERS / 32);  // one arrival per consumer warp
     }
     mbar_fence_init();
@@ -164,9 +168,18 @@ __device__ __forceinline__ void grouped_gemm(
         const int t = lane + 32 * j;
         if (t < BLOCK_T) cp_async_4(&scales[s * SCALES + t], s_src[j] + kb, s_bytes[j]);
       }
-      cp_async_arrive_noinc(&full[s]);
+      cp_async_commit();
+      // Publish the activations of step i - LAG: this lane's copies have landed; the proxy
+      // fence hands them to the async proxy (wgmma); the arrive releases them.
+      if (i >= LAG) {
+        cp_async_wait_group<LAG>();
+        fence_proxy_async_smem();
+        mbar_arrive(&full[(i - LAG) % STAGES]);
+      }
     }
     cp_async_wait_all();
+    fence_proxy_async_smem();
+    for (int i = steps > LAG ? steps - LAG : 0; i < steps; ++i) mbar_arrive(&full[i % STAGES]);
     return;
   }
 
