@@ -2,3 +2,4 @@
 
 from moebench.cli import fixtures_cmd  # noqa: F401
 from moebench.cli import report_cmd  # noqa: F401
+from moebench.cli import build_cmd  # noqa: F401
