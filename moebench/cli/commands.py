@@ -6,3 +6,4 @@ from moebench.cli import build_cmd  # noqa: F401
 from moebench.cli import run_cmd  # noqa: F401
 from moebench.cli import probe_cmd  # noqa: F401
 from moebench.cli import doctor_cmd  # noqa: F401
+from moebench.cli import compare_cmd  # noqa: F401

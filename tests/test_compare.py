@@ -1,0 +1,261 @@
+"""`moebench compare`: verdicts on pairs of stored results, refusals, exit codes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from moebench.errors import UserError
+from moebench.results.compare import Thresholds, Verdict, compare_results, judge
+from moebench.results.store import load, save
+from result_factory import make_result, run_cli, with_schema_version
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_RESULTS = sorted((ROOT / "results" / "h200").glob("*.json"))
+
+
+def verdicts(comparison) -> dict[tuple[str, str], Verdict]:
+    return {(c.shape, c.arm): c.verdict for c in comparison.arms}
+
+
+@pytest.fixture(scope="module")
+def base():
+    return make_result(seed=0)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    def save_as(name, result):
+        return str(save(result, tmp_path / name))
+    return save_as
+
+
+# --- the judgement ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("slowdown, spread, expected", [
+    (0.0, 0.005, Verdict.SAME),
+    (0.019, 0.005, Verdict.SAME),
+    (0.021, 0.005, Verdict.SLOWER),
+    (-0.05, 0.005, Verdict.FASTER),
+    (0.03, 0.06, Verdict.NOISY),     # the change lies inside the rounds' spread
+    (-0.01, 0.06, Verdict.NOISY),    # so does "no change": it cannot be called the same either
+    (0.10, 0.06, Verdict.SLOWER),    # a change larger than the spread is still a change
+])
+def test_judge(slowdown, spread, expected):
+    verdict, why = judge(slowdown, spread, Thresholds(0.02))
+    assert verdict is expected
+    assert why
+
+
+def test_thresholds_spread_limit_defaults_to_the_change_threshold():
+    assert Thresholds(0.05).spread_limit == 0.05
+    assert Thresholds(0.05, max_spread=0.1).spread_limit == 0.1
+    with pytest.raises(UserError):
+        Thresholds(1.5)
+
+
+# --- pairs of results ------------------------------------------------------------------
+
+def test_same_against_same_is_same(base):
+    again = make_result(seed=7)  # another run of the same fixtures: new noise, same times
+    c = compare_results(base, again)
+    assert set(verdicts(c).values()) == {Verdict.SAME}
+    assert not c.regressions
+    assert c.ratios and all(r.verdict is Verdict.SAME for r in c.ratios)
+
+
+def test_a_result_against_itself_is_same_with_zero_change(base):
+    c = compare_results(base, base)
+    assert all(a.change == 0 and a.verdict is Verdict.SAME for a in c.arms)
+
+
+def test_constructed_regression_is_slower(base):
+    slow = make_result(seed=3, scale={"cuda-fused": 1.10})
+    c = compare_results(base, slow)
+    v = verdicts(c)
+    assert v[("A8", "cuda-fused")] is Verdict.SLOWER and v[("A128", "cuda-fused")] is Verdict.SLOWER
+    assert v[("A8", "triton")] is Verdict.SAME
+    assert {(r.shape, r.arm) for r in c.regressions} == {("A8", "cuda-fused"), ("A128", "cuda-fused")}
+    reg = c.regressions[0]
+    assert reg.change == pytest.approx(0.10, abs=0.01)
+    assert "+" in reg.reason and "beyond ±2.0%" in reg.reason
+    ratio = next(r for r in c.ratios if r.shape == "A8")
+    assert ratio.verdict is Verdict.SLOWER and ratio.change < -0.05
+
+
+def test_faster(base):
+    fast = make_result(seed=4, scale={("A8", "triton"): 0.9})
+    v = verdicts(compare_results(base, fast))
+    assert v[("A8", "triton")] is Verdict.FASTER
+    assert v[("A128", "triton")] is Verdict.SAME
+
+
+def test_noisy_rounds_cannot_call_a_small_change(base):
+    noisy = make_result(seed=5, drift=0.05, scale={"cuda-fused": 1.03})
+    c = compare_results(base, noisy)
+    arm = next(a for a in c.arms if (a.shape, a.arm) == ("A8", "cuda-fused"))
+    assert arm.verdict is Verdict.NOISY
+    assert "spread" in arm.reason
+    # Paired within each run, the drift cancels: the ratios still see the 3% change.
+    ratio = next(r for r in c.ratios if r.shape == "A8")
+    assert ratio.verdict is Verdict.SLOWER
+
+
+def test_a_wider_threshold_turns_slower_into_same(base):
+    slow = make_result(seed=3, scale={"cuda-fused": 1.10})
+    assert not compare_results(base, slow, Thresholds(0.15)).regressions
+
+
+def test_notes_say_the_runs_are_not_paired_and_what_differs(base):
+    other = make_result(seed=1, shapes=("A8", "Q8"), samples=6, flush="write")
+    c = compare_results(base, other, a_label="a.json", b_label="b.json")
+    text = "\n".join(c.notes)
+    assert "not paired" in text
+    assert "flush read vs write" in text and "samples 8 vs 6" in text
+    assert "only in a.json: A128/triton, A128/cuda-fused" in text
+    assert "only in b.json: Q8/triton, Q8/cuda-fused" in text
+    assert {a.shape for a in c.arms} == {"A8"}
+
+
+def test_changed_build_identity_is_named(base):
+    arms = tuple(replace(a, identity={**a.identity, "source_sha256": "0" * 64}) if a.name == "cuda-fused" else a
+                 for a in base.arms)
+    c = compare_results(base, replace(base, arms=arms))
+    changed = {(a.shape, a.arm): a.identity_changed for a in c.arms}
+    assert changed[("A8", "cuda-fused")] == ("source_sha256",)
+    assert changed[("A8", "triton")] == ()
+
+
+# --- refusals --------------------------------------------------------------------------
+
+def test_refuses_different_schema_versions(base):
+    with pytest.raises(UserError, match="schema_version 1 and B 2"):
+        compare_results(base, with_schema_version(base, 2))
+
+
+def test_refuses_different_fixture_fingerprints(base):
+    with pytest.raises(UserError, match="timed different inputs at A8: fixture fingerprints"):
+        compare_results(base, make_result(fingerprint_salt="other-build-of-the-fixtures"))
+
+
+def test_refuses_nothing_in_common(base):
+    with pytest.raises(UserError, match="no shape and arm in common"):
+        compare_results(base, make_result(shapes=("Q8",)))
+
+
+# --- the command -----------------------------------------------------------------------
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("moebench: error: ")
+    return lines[0]
+
+
+def test_cli_same_exits_0(base, saved):
+    a, b = saved("a.json", base), saved("b.json", make_result(seed=9))
+    code, out, err = run_cli(["compare", a, b, "--fail-on-regression"])
+    assert code == 0, err
+    assert "same" in out and "slower" not in out
+
+
+def test_cli_regression_exits_1_only_when_asked(base, saved):
+    a, b = saved("a.json", base), saved("slow.json", make_result(seed=3, scale={"cuda-fused": 1.10}))
+    code, out, err = run_cli(["compare", a, b])
+    assert code == 0 and "slower" in out
+    code, out, err = run_cli(["compare", a, b, "--fail-on-regression"])
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("moebench: regression: A8/cuda-fused +") and ", A128/cuda-fused +" in err
+    code, out, err = run_cli(["compare", a, b, "--fail-on-regression", "--threshold", "15%"])
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
+def test_cli_formats(base, saved, fmt):
+    a, b = saved("a.json", base), saved("slow.json", make_result(seed=3, scale={"cuda-fused": 1.10}))
+    code, out, err = run_cli(["compare", a, b, "--format", fmt])
+    assert code == 0, err
+    if fmt == "json":
+        data = json.loads(out)
+        assert data["regressions"] == ["A8/cuda-fused", "A128/cuda-fused"]
+        assert {a["verdict"] for a in data["arms"]} == {"same", "slower"}
+    if fmt == "markdown":
+        assert "| A8 | `cuda-fused` |" in out and "**slower**" in out
+        assert "not paired" in out
+
+
+@pytest.mark.parametrize("threshold, ok", [("2%", True), ("0.5%", True), ("0.02", True),
+                                           ("5", False), ("abc", False), ("-1%", False), ("150%", False)])
+def test_cli_threshold_parsing(base, saved, threshold, ok):
+    a = saved("a.json", base)
+    code, out, err = run_cli(["compare", a, a, "--threshold", threshold])
+    if ok:
+        assert code == 0, err
+    else:
+        assert code == 2
+        assert "--threshold" in one_error_line(err)
+
+
+def test_cli_refuses_fingerprint_mismatch_in_one_line(base, saved):
+    a, b = saved("a.json", base), saved("b.json", make_result(fingerprint_salt="x"))
+    code, out, err = run_cli(["compare", a, b])
+    assert code == 2
+    assert "fixture fingerprints" in one_error_line(err)
+    assert out == ""
+
+
+def test_cli_refuses_other_schema_version_in_one_line(base, saved, tmp_path):
+    a = saved("a.json", base)
+    data = json.loads(Path(a).read_text())
+    data["schema_version"] = 2
+    b = tmp_path / "future.json"
+    b.write_text(json.dumps(data))
+    code, out, err = run_cli(["compare", a, str(b)])
+    assert code == 2
+    assert "schema_version 2" in one_error_line(err)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"schema_version": 1, "format": "moebench.RunResult", "provenance": ', "not JSON"),
+    ("", "not JSON"),
+    ('{"name": "some other tool", "results": [1, 2, 3]}', "not a moebench RunResult"),
+    ("[1, 2, 3]", "not a moebench RunResult"),
+    ('{"format": "moebench.RunResult", "schema_version": 1, "settings": {}}', "malformed RunResult"),
+])
+def test_cli_rejects_malformed_and_foreign_json(base, saved, tmp_path, content, message):
+    a = saved("a.json", base)
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    for argv in (["compare", a, str(bad)], ["compare", str(bad), a], ["report", str(bad)]):
+        code, out, err = run_cli(argv)
+        assert code == 2, argv
+        assert message in one_error_line(err)
+
+
+def test_cli_missing_file(saved, base, tmp_path):
+    a = saved("a.json", base)
+    code, out, err = run_cli(["compare", a, str(tmp_path / "nope.json")])
+    assert code == 2
+    assert "no such file" in one_error_line(err)
+
+
+# --- committed H200 results ------------------------------------------------------------
+
+@pytest.mark.parametrize("path", H200_RESULTS or [pytest.param(
+    None, marks=pytest.mark.skip(reason="no committed H200 results under results/h200/ yet"))],
+    ids=lambda p: getattr(p, "name", "none"))
+def test_committed_result_against_itself_and_a_constructed_regression(path, tmp_path):
+    result = load(path)
+    assert set(verdicts(compare_results(result, result)).values()) == {Verdict.SAME}
+    slow_arm = result.settings.arms[-1]
+    slowed = replace(result, summaries=tuple(
+        replace(s, median_ns=s.median_ns * 1.10, row_medians_ns=tuple(r * 1.10 for r in s.row_medians_ns))
+        if s.arm == slow_arm else s for s in result.summaries))
+    slow_path = save(slowed, tmp_path / "slowed.json")
+    code, out, err = run_cli(["compare", str(path), str(slow_path), "--fail-on-regression"])
+    assert code == 1
+    assert f"/{slow_arm} +10.0%" in err
