@@ -207,3 +207,8 @@ def test_cuda_arms_are_registered_and_say_why_not_on_cpu():
         arm = arms[name]()
         assert arm.unavailable_reason(torch.device("cpu"))
         assert {k.label for k in cuda_arms.KERNELS} == {"gemm1", "swiglu_quant", "gemm2", "combine"}
+
+
+def test_tensor_map_api_is_importable():
+    smv, l2, sw = cuda_build._tensor_map_api()
+    assert hasattr(smv, "as_tensor_map") and hasattr(sw, "SWIZZLE_128B") and hasattr(l2, "L2_256B")

@@ -451,8 +451,7 @@ def tensor_map(tensor, box_dim: tuple[int, ...], *, swizzle: str = "128B", l2_pr
     64-aligned struct (sm90_common.cuh: TmaDescriptor).
     """
     import torch
-    from cuda.core import StridedMemoryView
-    from cuda.core._tensor_map import TensorMapL2Promotion, TensorMapSwizzle
+    StridedMemoryView, TensorMapL2Promotion, TensorMapSwizzle = _tensor_map_api()
     if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         tensor = tensor.view(torch.uint8)
     sw = {"none": TensorMapSwizzle.NONE, "32B": TensorMapSwizzle.SWIZZLE_32B,
@@ -462,6 +461,19 @@ def tensor_map(tensor, box_dim: tuple[int, ...], *, swizzle: str = "128B", l2_pr
     check_box(tuple(tensor.shape), tuple(tensor.stride()), tensor.element_size(), tuple(box_dim), swizzle)
     view = StridedMemoryView(tensor, stream_ptr=int(torch.cuda.current_stream().cuda_stream))
     return view.as_tensor_map(box_dim=tuple(box_dim), swizzle=sw, l2_promotion=l2)
+
+
+def _tensor_map_api():
+    """StridedMemoryView and the TMA enums, wherever this cuda-core version keeps them."""
+    try:
+        from cuda.core.utils import StridedMemoryView
+    except ImportError:  # older cuda-core
+        from cuda.core import StridedMemoryView
+    try:
+        from cuda.core import TensorMapL2Promotion, TensorMapSwizzle
+    except ImportError:
+        from cuda.core._tensor_map import TensorMapL2Promotion, TensorMapSwizzle
+    return StridedMemoryView, TensorMapL2Promotion, TensorMapSwizzle
 
 
 SWIZZLE_BYTES = {"none": None, "32B": 32, "64B": 64, "128B": 128}
