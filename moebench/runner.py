@@ -30,6 +30,7 @@ from moebench.timing.flush import FLUSH_MODES, L2Flush
 
 TIMERS = ("cupti", "events")
 PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run's
+PROBE_SAMPLES = 20
 
 
 class RunFailed(Exception):
@@ -208,9 +209,9 @@ def _fixture_info(s: dict) -> S.FixtureInfo:
 def time_units(req: RunRequest, backend: TimingBackend, units: list[Unit],
                on_unit_done=None) -> tuple[EngineOutput, float | None, dict]:
     """The timed rounds (and the bandwidth probe first, with the same timer)."""
-    timer = backend.make_timer(len(units) * req.samples)
+    timer = backend.make_timer(max(len(units) * req.samples, PROBE_SAMPLES))
     try:
-        bandwidth = measure_read_bandwidth(backend, timer) if req.measure_bandwidth else None
+        bandwidth = measure_read_bandwidth(backend, timer, PROBE_SAMPLES) if req.measure_bandwidth else None
         out = run_rounds(units, EngineConfig(req.rounds, req.samples, req.warmup), timer, flush=backend.flush,
                          sync=backend.sync, clocks=backend.clocks, markers=backend.markers,
                          on_unit_done=on_unit_done)
