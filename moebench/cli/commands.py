@@ -7,3 +7,4 @@ from moebench.cli import run_cmd  # noqa: F401
 from moebench.cli import probe_cmd  # noqa: F401
 from moebench.cli import doctor_cmd  # noqa: F401
 from moebench.cli import compare_cmd  # noqa: F401
+from moebench.cli import sweep_cmd  # noqa: F401
