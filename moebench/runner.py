@@ -7,6 +7,7 @@ sync, clocks) come in one TimingBackend, so the pipeline also runs on the CPU in
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -102,7 +103,10 @@ def cuda_backend(req: RunRequest) -> TimingBackend:
     if req.timer == "cupti":
         from moebench.timing.cupti_tracer import CuptiTracer, load_cupti
         load_cupti()  # fail fast, before fixtures and compiles
-        make_timer = lambda capacity: CuptiTracer()  # noqa: E731
+        # MOEBENCH_CUPTI_API_FILTER=0 keeps every API record (slower; a fallback if the
+        # launch-only filter ever hides launches on some CUPTI version)
+        filter_api = os.environ.get("MOEBENCH_CUPTI_API_FILTER", "1") != "0"
+        make_timer = lambda capacity: CuptiTracer(filter_api=filter_api)  # noqa: E731
     else:
         from moebench.timing.events_timer import EventsTimer
         make_timer = EventsTimer
