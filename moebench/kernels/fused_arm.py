@@ -225,6 +225,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream."""
     import numpy as np
+
+    from moebench.kernels.cuda_build import bind_launch
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
@@ -235,16 +237,18 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     module = build_fused(bm, stages)
     kernel = module.kernel(KERNEL_NAME, x.device.index)
     grid = (CLUSTER * (dims["capacity"] // bm), dims["I"] // GROUP, 1)
-    args = (x.data_ptr(), x_scale.data_ptr(), weights.w1.data_ptr(), weights.w1_scale.data_ptr(),
-            weights.w2.data_ptr(), weights.w2_scale.data_ptr(), plan.sorted_token_ids.data_ptr(),
-            plan.expert_ids.data_ptr(), plan.num_tokens_post_padded.data_ptr(), topk_weights.data_ptr(),
-            out.data_ptr(), np.int32(plan.num_slots), np.int32(dims["top_k"]), np.int32(K), np.int32(dims["E"]))
+    ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
+                                   plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
+                                   topk_weights, out)]
+    ints = (plan.num_slots, dims["top_k"], K, dims["E"])
+    args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
+    # The cluster shape (8, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
+    run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
     keep = (x, x_scale, weights, plan, topk_weights, out)  # the pointers stay valid while launch lives
 
     def launch() -> None:
-        from moebench.kernels.cuda_build import launch as cuda_launch
         _ = keep
-        cuda_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
+        run()
 
     return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid)
 

@@ -1,0 +1,133 @@
+"""cuda-fused on an H100/H200: oracle parity at the standard fixtures and at the edges of the
+contract (M=1, one hot expert, E=512 top-10, N=1024, garbage past the padded total,
+accumulation into a non-zero output, every block_m, a 2-deep ring)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
+from moebench.fixtures.shapes import Family, ShapeSpec
+from moebench.kernels.fused_arm import (CudaFusedArm, fused_moe, make_fused_launch,
+                                        prepare_fused_weights)
+from moebench.kernels.parity import check_parity, compare
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_sm90():
+    reason = CudaFusedArm().unavailable_reason(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+
+
+@functools.lru_cache(maxsize=None)
+def fixture(name: str):
+    return build_fixture(ShapeRegistry().resolve(name)).to("cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def weights(name: str):
+    fx = fixture(name)
+    return prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+
+
+def run_fused(fx, *, block_m: int = 8, out=None, plan=None, stages=None, w=None):
+    w = w if w is not None else prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+    plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, block_m).to(fx.device)
+    launch, out, _, _ = make_fused_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out, stages=stages)
+    launch()
+    torch.cuda.synchronize()
+    return out
+
+
+def assert_parity(fx, out, label):
+    p = compare("cuda-fused", label, out, fixture_reference(fx))
+    assert p.passed, f"{label}: {p.reason()} (rel_l2={p.rel_l2:.3g}, max_abs={p.max_abs:.3g})"
+    return p
+
+
+@pytest.mark.parametrize("name", ["A8", "A128", "Q8", "Q128"])
+def test_parity_standard_fixtures(name):
+    fx = fixture(name)
+    call = CudaFusedArm().prepare(fx)
+    assert call.kernels_per_sample == 1
+    p = check_parity(call, fixture_reference(fx), name)
+    # bf16x2 reductions round every partial sum: ~4e-3 expected (CPU simulation), limit 1e-2
+    assert p.passed, f"{name}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+
+
+@pytest.mark.parametrize("family", ["A8", "Q8"])
+def test_parity_single_token(family):
+    fx = derive(fixture(family), seed=11, M=1)
+    assert_parity(fx, run_fused(fx, w=weights(family)), f"{family[0]}1")
+
+
+def test_parity_one_hot_expert_takes_every_token():
+    base = fixture("Q8")
+    M, E, top_k = 96, base.spec.E, base.spec.top_k
+    g = torch.Generator().manual_seed(12)
+    others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
+    ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0 in every row: 12 blocks of 8
+    fx = derive(base, seed=12, topk_ids=ids)
+    assert_parity(fx, run_fused(fx, w=weights("Q8")), "Q96-hot")
+
+
+def test_parity_e512_top10_ragged():
+    fx = derive(fixture("Q128"), seed=13, M=203)
+    assert fx.spec.E == 512 and fx.spec.top_k == 10
+    assert_parity(fx, run_fused(fx, w=weights("Q128")), "Q203")
+
+
+@pytest.mark.parametrize("block_m", [16, 24, 32, 64])
+def test_parity_every_block_m(block_m):
+    fx = fixture("Q128")
+    assert_parity(fx, run_fused(fx, block_m=block_m, w=weights("Q128")), f"Q128-bm{block_m}")
+
+
+def test_parity_two_stage_ring_wraps_many_times():
+    fx = fixture("A8")  # 21 chunks a CTA through 2 buffers
+    assert_parity(fx, run_fused(fx, stages=2, w=weights("A8")), "A8-stages2")
+
+
+def test_parity_n1024():
+    fam = Family("N", "four requant groups", K=1024, E=16, top_k=4, N=1024, routed_scale=1.0,
+                 shared_expert=False)
+    fx = build_fixture(ShapeSpec("N48", fam, 48, seed=14)).to("cuda")
+    assert_parity(fx, run_fused(fx), "N48 (N=1024)")
+
+
+def test_garbage_past_the_padded_total_is_ignored():
+    fx = fixture("Q8")
+    plan = route_plan(fx.topk_ids, fx.spec.E, 8)
+    total, blocks = plan.padded_total, plan.num_blocks
+    g = torch.Generator().manual_seed(15)
+    ids, experts = plan.sorted_token_ids.clone(), plan.expert_ids.clone()
+    ids[total:] = torch.randint(0, plan.num_slots, (ids.numel() - total,), generator=g, dtype=torch.int32)
+    experts[blocks:] = torch.randint(0, fx.spec.E, (experts.numel() - blocks,), generator=g, dtype=torch.int32)
+    assert ids.numel() > total and experts.numel() > blocks
+    garbage = type(plan)(plan.block_m, ids, experts, plan.num_tokens_post_padded, plan.num_slots).to("cuda")
+    assert_parity(fx, run_fused(fx, plan=garbage, w=weights("Q8")), "Q8-garbage")
+
+
+def test_accumulates_into_a_nonzero_output():
+    fx = fixture("A8")
+    ref = fixture_reference(fx).float()
+    g = torch.Generator(device="cuda").manual_seed(16)
+    before = (torch.randn(ref.shape, generator=g, device="cuda") * ref.std()).to(torch.bfloat16)
+    out = run_fused(fx, out=before.clone(), w=weights("A8"))
+    p = compare("cuda-fused", "A8-accumulate", out.float() - before.float(), ref)
+    assert p.passed, p.reason()
+
+
+def test_public_wrapper_allocates_a_zeroed_output():
+    fx = fixture("Q8")
+    plan = route_plan(fx.topk_ids, fx.spec.E, 8).to("cuda")
+    out = fused_moe(fx.x_fp8, fx.x_scale, weights("Q8"), plan, fx.topk_weights)
+    torch.cuda.synchronize()
+    assert out.dtype == torch.bfloat16 and out.shape == (fx.M, fx.spec.K)
+    assert_parity(fx, out, "Q8-wrapper")
