@@ -76,6 +76,24 @@ def test_sass_has_the_instructions_we_meant(cache, tmp_path):
     assert not re.search(r"\b(LDL|STL)\b", sass)  # nothing in local memory
 
 
+def test_launch_blocks_cover_every_routing():
+    from moebench.fixtures import plan_capacity
+    from moebench.kernels.fused_arm import launch_blocks
+    assert launch_blocks(72, 257, 8, plan_capacity(72, 257, 8)) == 72  # A8
+    assert launch_blocks(1152, 257, 8, plan_capacity(1152, 257, 8)) == 369  # A128: the buffers' size
+    g = torch.Generator().manual_seed(3)
+    for M, E, top_k, bm in [(1, 512, 10, 8), (5, 8, 2, 16), (40, 16, 4, 8), (3, 300, 16, 64), (64, 4, 1, 24)]:
+        cap = plan_capacity(M * top_k, E, bm)
+        for trial in range(20):
+            # adversarial: as many experts as possible with one slot each, or everyone on a few
+            if trial % 2:
+                ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)])
+            else:
+                ids = (torch.arange(M * top_k).view(M, top_k) % E)
+            plan = route_plan(ids.int(), E, bm)
+            assert plan.num_blocks <= launch_blocks(M * top_k, E, bm, cap)
+
+
 def test_shared_bytes_and_stages():
     # BLOCK_M 8 at K=7168: two CTAs an SM with a 5-deep ring
     assert choose_stages(8, 7168) == 5

@@ -153,6 +153,15 @@ def default_block_m(num_slots: int, num_experts: int) -> int:
     return MAX_BLOCK_M
 
 
+def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int) -> int:
+    """Plan blocks the grid covers: the most that any routing can fill, whatever the plan
+    buffers hold. Only experts with slots get blocks (moe_align_block_size), so at most
+    min(E, slots) experts each waste up to block_m - 1 slots: at A8 72 blocks, not the 234 the
+    buffers are sized for; every block past the device-side padded total exits at once."""
+    worst = num_slots + min(num_experts, num_slots) * (block_m - 1)
+    return min(capacity // block_m, (worst + block_m - 1) // block_m)
+
+
 @functools.lru_cache(maxsize=None)
 def build_fused(block_m: int, stages: int):
     """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
@@ -236,7 +245,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     _need(2 <= stages <= 8 and smem <= SMEM_PER_CTA, f"stages={stages} needs {smem} B of shared memory")
     module = build_fused(bm, stages)
     kernel = module.kernel(KERNEL_NAME, x.device.index)
-    grid = (CLUSTER * (dims["capacity"] // bm), dims["I"] // GROUP, 1)
+    grid = (CLUSTER * launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"]), dims["I"] // GROUP, 1)
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
                                    topk_weights, out)]
