@@ -4,5 +4,6 @@ An arm module that cannot import here (a missing optional library) must still im
 it reports the problem through `Arm.unavailable_reason`, not at import time.
 """
 from moebench.kernels import cuda_arms  # noqa: F401
+from moebench.kernels import triton_arms  # noqa: F401
 
 from moebench.kernels import fused_arm  # noqa: F401

@@ -1,0 +1,380 @@
+"""The stock FP8 W8A8 block-scale MoE path in Triton: five kernels, as vLLM and SGLang run it.
+
+    x [M, K] e4m3 ─▶ GEMM1 ─▶ h [S, N] bf16 ─▶ SwiGLU ─▶ a [S, I] bf16 ─▶ quant ─▶ a_q [S, I] e4m3
+                                                                              + a_s [S, I/128] fp32
+    a_q ─▶ GEMM2 (× route weight) ─▶ y [M, top_k, K] bf16 ─▶ combine (sum over top_k) ─▶ out [M, K] bf16
+
+S = M * top_k token slots. Both GEMMs walk a route plan (moe_align_block_size semantics): the
+slots grouped by expert and padded to BLOCK_SIZE_M, one expert per block of rows, so a program
+multiplies BLOCK_SIZE_M slots of one expert by a BLOCK_SIZE_N-wide slice of that expert's
+weights. Weights carry one FP32 scale per 128x128 block, activations one per token per 128
+columns; each BLOCK_SIZE_K step stays inside one scale group (BLOCK_SIZE_K divides 128), so a
+step is one FP8 tl.dot with FP32 accumulation, scaled by the outer product of the two scale
+vectors, exactly as the engines' fused_moe_kernel does it.
+
+SWAP_AB computes the transposed tile, W^T . A^T -> [BLOCK_SIZE_N, BLOCK_SIZE_M], so that the
+weights take the wide (M) side of the tensor-core instruction when the per-expert block of
+tokens is small (BLOCK_SIZE_M < 64; Hopper's wgmma is 64 rows tall), and transposes the
+accumulator back before the epilogue.
+
+Each kernel is a `moebench_moe_*` function: CUPTI reports a Triton kernel by its Python name,
+and the arms declare these names as the kernels a sample must contain.
+
+Under TRITON_INTERPRET=1 the @triton.jit decorator builds interpreter objects instead of GPU
+kernels; it reads the variable when this module is imported, so moebench.kernels.triton_arms
+re-imports this module when the mode has changed (see `kernels_module` there).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+QUANT_GROUP = 128  # block-scale granularity: 128x128 weight blocks, 1x128 activation groups
+FP8_MAX = 448.0  # largest finite e4m3 magnitude
+MIN_SCALE = 1e-10  # floor for amax/448, as in moebench.fixtures.quant: an all-zero group stays zero
+
+# ----------------------------------------------------------------------------------------------
+# Rounding under the interpreter. Its FP32->bf16 cast truncates and its FP32->FP8 cast also
+# loses the carry into the exponent (31.95 becomes 16); the GPU's casts round to nearest even.
+# Truncation errors all point one way and add up through five stages (rel. L2 1.9e-2 on T5
+# against 4e-3 with rounding), so under the interpreter the kernels round in FP32 arithmetic
+# first; a value already on the target grid then converts exactly. On the GPU the flag is
+# False and no code is emitted.
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _exact_bf16(x, ROUND_IN_FP32: tl.constexpr):
+    """x rounded to the bf16 grid, nearest even, still FP32 (ROUND_IN_FP32), or x unchanged."""
+    if ROUND_IN_FP32:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        x = bits.to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def _exact_e4m3(y, ROUND_IN_FP32: tl.constexpr):
+    """y (|y| <= 448) rounded to the e4m3 grid, nearest even, still FP32 (ROUND_IN_FP32), or y.
+
+    Adding and subtracting a magic number whose FP32 spacing equals y's e4m3 spacing makes the
+    FP32 adder do the rounding."""
+    if ROUND_IN_FP32:
+        exponent = ((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        spacing_exp = tl.maximum(exponent, -6) - 3  # 3 mantissa bits; subnormals are spaced 2^-9
+        magic = ((spacing_exp + 23 + 127) << 23).to(tl.float32, bitcast=True) * 1.5
+        y = (y + magic) - magic
+    return y
+
+
+# ----------------------------------------------------------------------------------------------
+# GEMM over a route plan, shared by GEMM1 and GEMM2.
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _moe_gemm_tile(
+    # Operands: A rows are tokens (GEMM1: x, one row per token, read by slot // A_ROW_DIV) or
+    # slots (GEMM2: the requantized intermediate); W is [E, N, K] with K contiguous.
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
+    # C is [S, N] bf16, one row per slot; route weights are [S] fp32 (topk_weights, flattened).
+    c_ptr, route_weight_ptr,
+    # The route plan: slot ids grouped by expert, one expert per block, the padded total.
+    sorted_slots_ptr, block_expert_ptr, padded_total_ptr,
+    # Problem size: C is N wide, the reduction is K deep; S valid slots; `capacity` plan entries.
+    N, K, num_slots, capacity,
+    # Strides, in elements. Every innermost stride is 1 (checked by the launcher).
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
+    # Meta-parameters.
+    A_ROW_DIV: tl.constexpr,  # top_k for GEMM1 (a slot reads its token's row), 1 for GEMM2
+    MUL_ROUTE_WEIGHT: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    GROUP: tl.constexpr,  # QUANT_GROUP
+    ROUND_IN_FP32: tl.constexpr,  # True only under the interpreter, see _exact_bf16
+):
+    # Programs are ordered in groups of GROUP_SIZE_M row-blocks, so the programs in flight
+    # share the weight slices they read from L2 (Triton tutorial 03).
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(capacity, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # The grid covers the plan's worst-case capacity, as the engines launch it; blocks past the
+    # padded total hold no slots and leave at once.
+    if pid_m * BLOCK_SIZE_M >= tl.load(padded_total_ptr):
+        return
+
+    offs_plan = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    slot = tl.load(sorted_slots_ptr + offs_plan).to(tl.int64)
+    slot_mask = slot < num_slots  # padding entries hold the sentinel num_slots
+    a_row = slot // A_ROW_DIV
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+
+    offs_n = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N).to(tl.int64)) % N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]  # [BM, BK]
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
+    a_scale_ptrs = a_scale_ptr + a_row * stride_asm  # [BM], advanced by one group per 128 of K
+    if BLOCK_SIZE_N > GROUP:
+        w_scale_ptrs = w_scale_ptr + expert * stride_wse + (offs_n // GROUP) * stride_wsn  # [BN]
+    else:
+        w_scale_ptrs = w_scale_ptr + expert * stride_wse + (pid_n * BLOCK_SIZE_N // GROUP) * stride_wsn
+
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+
+    # Per step: reads BM*BK + BN*BK FP8 bytes and BM + (1 or BN) FP32 scales; 2*BM*BN*BK FLOPs.
+    # Over the loop: one expert's BN x K weight slice (BN*K bytes) and BM token rows (BM*K bytes).
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        a = tl.load(a_ptrs, mask=slot_mask[:, None], other=0.0)
+        w = tl.load(w_ptrs)
+        group_k = (k * BLOCK_SIZE_K) // GROUP
+        a_scale = tl.load(a_scale_ptrs + group_k, mask=slot_mask, other=0.0)
+        w_scale = tl.load(w_scale_ptrs + group_k)
+        if SWAP_AB:
+            part = tl.dot(tl.trans(w), tl.trans(a))  # [BN, BM]: the weights fill the tall side
+            if BLOCK_SIZE_N > GROUP:
+                acc += part * w_scale[:, None] * a_scale[None, :]
+            else:
+                acc += part * (w_scale * a_scale[None, :])
+        else:
+            part = tl.dot(a, w)  # [BM, BN]
+            if BLOCK_SIZE_N > GROUP:
+                acc += part * a_scale[:, None] * w_scale[None, :]
+            else:
+                acc += part * (a_scale[:, None] * w_scale)
+        a_ptrs += BLOCK_SIZE_K
+        w_ptrs += BLOCK_SIZE_K
+
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    if MUL_ROUTE_WEIGHT:
+        route_weight = tl.load(route_weight_ptr + slot, mask=slot_mask, other=0.0)
+        acc = acc * route_weight[:, None]
+
+    # Epilogue: BM*BN bf16 stores, scattered to the slots' rows.
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    c_ptrs = c_ptr + slot[:, None] * stride_cm + offs_cn[None, :]
+    tl.store(c_ptrs, _exact_bf16(acc, ROUND_IN_FP32).to(c_ptr.dtype.element_ty),
+             mask=slot_mask[:, None] & (offs_cn[None, :] < N))
+
+
+@triton.jit
+def moebench_moe_gemm1(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+    sorted_slots_ptr, block_expert_ptr, padded_total_ptr,
+    N, K, num_slots, capacity,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
+    A_ROW_DIV: tl.constexpr, MUL_ROUTE_WEIGHT: tl.constexpr, SWAP_AB: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+):
+    """Gate/up projection: h[slot] = x[token] . W1[e]^T, blockwise dequantized, bf16 out."""
+    _moe_gemm_tile(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+                   sorted_slots_ptr, block_expert_ptr, padded_total_ptr, N, K, num_slots, capacity,
+                   stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
+                   A_ROW_DIV, MUL_ROUTE_WEIGHT, SWAP_AB, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                   GROUP_SIZE_M, GROUP, ROUND_IN_FP32)
+
+
+@triton.jit
+def moebench_moe_gemm2(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+    sorted_slots_ptr, block_expert_ptr, padded_total_ptr,
+    N, K, num_slots, capacity,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
+    A_ROW_DIV: tl.constexpr, MUL_ROUTE_WEIGHT: tl.constexpr, SWAP_AB: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+):
+    """Down projection: y[slot] = w_route[slot] * a_q[slot] . W2[e]^T, bf16 out."""
+    _moe_gemm_tile(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+                   sorted_slots_ptr, block_expert_ptr, padded_total_ptr, N, K, num_slots, capacity,
+                   stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
+                   A_ROW_DIV, MUL_ROUTE_WEIGHT, SWAP_AB, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                   GROUP_SIZE_M, GROUP, ROUND_IN_FP32)
+
+
+# ----------------------------------------------------------------------------------------------
+# SwiGLU, FP8 requantization, combine.
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def moebench_moe_silu_and_mul(
+    h_ptr, out_ptr,  # h [S, 2I] bf16, gate columns then up columns; out [S, I] bf16
+    I, stride_h, stride_out,
+    BLOCK_SIZE: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+):
+    """out = silu(gate) * up, in FP32, rounded to bf16 once.
+
+    One program per (slot, BLOCK_SIZE columns): reads 4*BLOCK_SIZE bytes, writes 2*BLOCK_SIZE,
+    about 5 FLOPs and one exp per element: bound by memory.
+    """
+    row = tl.program_id(axis=0).to(tl.int64)
+    cols = tl.program_id(axis=1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < I
+    gate = tl.load(h_ptr + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(h_ptr + row * stride_h + I + cols, mask=mask, other=0.0).to(tl.float32)
+    out = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_out + cols, _exact_bf16(out, ROUND_IN_FP32).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def moebench_moe_act_quant(
+    x_ptr, q_ptr, scale_ptr,  # x [S, D] bf16 -> q [S, D] e4m3 and scale [S, D / GROUP] fp32
+    groups_per_row, stride_x, stride_q, stride_s,
+    GROUP: tl.constexpr,
+    ROUND_IN_FP32: tl.constexpr,  # True only under the interpreter, see _exact_e4m3
+):
+    """Per-token group-128 FP8 quantization: scale = max(amax / 448, 1e-10), q = x / scale.
+
+    One program per group of GROUP values: reads 2*GROUP bytes, writes GROUP + 4.
+    """
+    pid = tl.program_id(axis=0).to(tl.int64)
+    row = pid // groups_per_row
+    col0 = (pid % groups_per_row) * GROUP
+    cols = col0 + tl.arange(0, GROUP)
+    x = tl.load(x_ptr + row * stride_x + cols).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 448.0, 1e-10)
+    y = tl.clamp(x / scale, -448.0, 448.0)
+    tl.store(q_ptr + row * stride_q + cols, _exact_e4m3(y, ROUND_IN_FP32).to(q_ptr.dtype.element_ty))
+    tl.store(scale_ptr + row * stride_s + pid % groups_per_row, scale)
+
+
+@triton.jit
+def moebench_moe_combine(
+    y_ptr, out_ptr,  # y [M, TOP_K, K] bf16 -> out [M, K] bf16
+    K, stride_y_token, stride_y_k, stride_out,
+    TOP_K: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+):
+    """out[t] = sum over k of y[t, k], in FP32, rounded to bf16 once.
+
+    One program per (token, BLOCK_SIZE columns): reads 2*TOP_K*BLOCK_SIZE bytes, writes
+    2*BLOCK_SIZE, TOP_K-1 adds per element.
+    """
+    token = tl.program_id(axis=0).to(tl.int64)
+    cols = tl.program_id(axis=1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < K
+    acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + token * stride_y_token + k * stride_y_k + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * stride_out + cols, _exact_bf16(acc, ROUND_IN_FP32).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+# True when @triton.jit built interpreter objects (TRITON_INTERPRET=1 when this module was imported).
+INTERPRETED = type(moebench_moe_gemm1).__name__ == "InterpretedFunction"
+
+KERNEL_NAMES = ("moebench_moe_gemm1", "moebench_moe_silu_and_mul", "moebench_moe_act_quant",
+                "moebench_moe_gemm2", "moebench_moe_combine")
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side: buffers (allocated once, untimed) and launchers (check, then launch).
+# ----------------------------------------------------------------------------------------------
+
+
+def allocate_buffers(M: int, top_k: int, K: int, N: int, device) -> dict[str, torch.Tensor]:
+    """Every intermediate of the path, like the engines' intermediate caches, and the output."""
+    S, I = M * top_k, N // 2
+    return {
+        "h": torch.empty(S, N, dtype=torch.bfloat16, device=device),
+        "act": torch.empty(S, I, dtype=torch.bfloat16, device=device),
+        "act_q": torch.empty(S, I, dtype=torch.float8_e4m3fn, device=device),
+        "act_scale": torch.empty(S, I // QUANT_GROUP, dtype=torch.float32, device=device),
+        "y": torch.empty(M, top_k, K, dtype=torch.bfloat16, device=device),
+        "out": torch.empty(M, K, dtype=torch.bfloat16, device=device),
+    }
+
+
+def _check_rowmajor(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension, strides {t.stride()}")
+
+
+def launch_moe_gemm(kernel, a, a_scale, w, w_scale, c, route_weights, sorted_slots, block_experts,
+                    padded_total, *, a_row_div: int, mul_route_weight: bool, swap_ab: bool,
+                    config: dict) -> None:
+    """c[slot] = (a[slot // a_row_div] . w[e]^T) [* route weight], for the slots of a route plan.
+
+    a [rows, K] e4m3, a_scale [rows, K/128]; w [E, N, K] e4m3, w_scale [E, N/128, K/128];
+    c [S, N] (any 2-D view with unit inner stride); route_weights [S] fp32.
+    """
+    E, N, K = w.shape
+    S = c.shape[0]
+    bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    if a.shape[1] != K or c.shape[1] != N:
+        raise ValueError(f"GEMM shapes disagree: a {tuple(a.shape)}, w {tuple(w.shape)}, c {tuple(c.shape)}")
+    if K % bk or QUANT_GROUP % bk:
+        raise ValueError(f"BLOCK_SIZE_K={bk} must divide {QUANT_GROUP} and K={K}")
+    if a_scale.shape[1] != K // QUANT_GROUP or w_scale.shape[1:] != (N // QUANT_GROUP, K // QUANT_GROUP):
+        raise ValueError("scale shapes do not match 128-wide groups")
+    if sorted_slots.numel() % bm:
+        raise ValueError(f"route plan capacity {sorted_slots.numel()} is not a multiple of BLOCK_SIZE_M={bm}")
+    _check_rowmajor(a=a, a_scale=a_scale, w=w, w_scale=w_scale, c=c)
+    capacity = sorted_slots.numel()
+    grid = (triton.cdiv(capacity, bm) * triton.cdiv(N, bn),)
+    kernel[grid](
+        a, a_scale, w, w_scale, c, route_weights, sorted_slots, block_experts, padded_total,
+        N, K, S, capacity,
+        a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
+        c.stride(0),
+        A_ROW_DIV=a_row_div, MUL_ROUTE_WEIGHT=mul_route_weight, SWAP_AB=swap_ab,
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
+        GROUP=QUANT_GROUP, ROUND_IN_FP32=INTERPRETED,
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+
+
+def elementwise_block(n: int) -> int:
+    """Columns per program for the row-wise kernels: the row, up to 1024."""
+    return min(triton.next_power_of_2(n), 1024)
+
+
+def launch_silu_and_mul(h: torch.Tensor, act: torch.Tensor) -> None:
+    S, I = act.shape
+    if h.shape != (S, 2 * I):
+        raise ValueError(f"h {tuple(h.shape)} must be [S, 2I] for act {tuple(act.shape)}")
+    _check_rowmajor(h=h, act=act)
+    block = elementwise_block(I)
+    moebench_moe_silu_and_mul[(S, triton.cdiv(I, block))](h, act, I, h.stride(0), act.stride(0),
+                                                          BLOCK_SIZE=block, ROUND_IN_FP32=INTERPRETED,
+                                                          num_warps=4)
+
+
+def launch_act_quant(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    S, D = x.shape
+    if D % QUANT_GROUP or q.shape != x.shape or scale.shape != (S, D // QUANT_GROUP):
+        raise ValueError(f"quant shapes disagree: x {tuple(x.shape)}, q {tuple(q.shape)}, scale {tuple(scale.shape)}")
+    _check_rowmajor(x=x, q=q, scale=scale)
+    groups = D // QUANT_GROUP
+    # One warp per group of 128, as the engines' per_token_group_quant_fp8 launches it.
+    moebench_moe_act_quant[(S * groups,)](x, q, scale, groups, x.stride(0), q.stride(0), scale.stride(0),
+                                          GROUP=QUANT_GROUP, ROUND_IN_FP32=INTERPRETED,
+                                          num_warps=1, num_stages=1)
+
+
+def launch_combine(y: torch.Tensor, out: torch.Tensor) -> None:
+    M, top_k, K = y.shape
+    if out.shape != (M, K):
+        raise ValueError(f"out {tuple(out.shape)} must be [M, K] for y {tuple(y.shape)}")
+    _check_rowmajor(y=y, out=out)
+    block = elementwise_block(K)
+    moebench_moe_combine[(M, triton.cdiv(K, block))](y, out, K, y.stride(0), y.stride(1), out.stride(0),
+                                                      TOP_K=top_k, BLOCK_SIZE=block,
+                                                      ROUND_IN_FP32=INTERPRETED, num_warps=4)
