@@ -2,6 +2,8 @@
 
 from moebench.cli import fixtures_cmd  # noqa: F401
 from moebench.cli import report_cmd  # noqa: F401
+from moebench.cli import verify_cmd  # noqa: F401
+from moebench.cli import arms_cmd  # noqa: F401
 from moebench.cli import build_cmd  # noqa: F401
 from moebench.cli import run_cmd  # noqa: F401
 from moebench.cli import probe_cmd  # noqa: F401

@@ -1,0 +1,69 @@
+"""`moebench verify`: run arms once on fresh inputs and compare with the oracle."""
+
+from __future__ import annotations
+
+import click
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from moebench.cli import cli
+from moebench.cli.common import balancedness_option, registry, shape_option, shapes_file_option
+from moebench.errors import UserError
+from moebench.fixtures import build_fixture
+from moebench.kernels.arm import parse_arm_list
+from moebench.kernels.parity import REL_L2_THRESHOLD
+from moebench.kernels.triton_arms import use_interpreter
+from moebench.kernels.verify import verify_arms
+
+
+@cli.command()
+@shape_option
+@shapes_file_option
+@balancedness_option
+@click.option("--arms", "arms", multiple=True, metavar="A[,A...]", help="Arms to check (repeat or comma-separate).")
+@click.option("--interpret", is_flag=True, help="Run Triton kernels on the CPU (TRITON_INTERPRET=1); slow, small shapes.")
+@click.option("--triton-config", type=click.Path(dir_okay=False), default=None,
+              help="JSON of per-M Triton configs in the engines' format, for the Triton arms.")
+@click.option("--seed", type=int, default=None, help="Seed of the fresh inputs (default: the shape's seed + 1).")
+@click.option("--edge-cases", is_flag=True, help="Also check M=1, one expert set, empty experts, M=67.")
+@click.option("--threshold", type=float, default=REL_L2_THRESHOLD, show_default=True,
+              help="Largest relative L2 error that passes.")
+def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, seed, edge_cases, threshold):
+    """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure."""
+    names = parse_arm_list(list(arms))
+    specs = registry(shapes_file).resolve_many(list(shapes) or [], balancedness=balancedness)
+    if not threshold > 0:
+        raise UserError(f"--threshold must be positive, got {threshold}")
+    if interpret:
+        use_interpreter(True)
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        raise UserError("no CUDA device here; --interpret runs the Triton kernels on the CPU")
+    rows = []
+    for spec in specs:
+        fx = build_fixture(spec).to(device)
+        rows += verify_arms(fx, names, options={"triton_config": triton_config}, seed=seed,
+                            with_edge_cases=edge_cases, threshold=threshold)
+    Console().print(_parity_table(rows, device, interpret))
+    failed = [r for r in rows if not r.passed]
+    if failed:
+        click.echo(f"{len(failed)} of {len(rows)} checks failed", err=True)
+        raise SystemExit(1)
+
+
+def _parity_table(rows, device, interpret) -> Table:
+    where = "CPU interpreter" if interpret else str(device)
+    t = Table(title=f"parity against the oracle ({where})", title_justify="left")
+    for col in ("shape", "arm"):
+        t.add_column(col, no_wrap=True)
+    for col in ("rel L2", "max abs err", "ref max abs", "NaN/Inf", "threshold"):
+        t.add_column(col, justify="right")
+    t.add_column("result")
+    for r in rows:
+        result = "[green]ok[/green]" if r.passed else f"[red]FAIL[/red] {r.reason()}"
+        t.add_row(r.shape, r.arm, f"{r.rel_l2:.2e}", f"{r.max_abs:.2e}", f"{r.ref_max_abs:.2e}",
+                  str(r.nonfinite), f"{r.threshold:g}", result)
+    return t

@@ -1,0 +1,106 @@
+"""Verification: run arms once on inputs they were never tuned on and compare with the oracle.
+
+Each case derives a fixture from the shape's (same weights, fresh activations and routes,
+`moebench.fixtures.derive`), prepares each arm on it, poisons the output, runs once and
+compares (moebench.kernels.parity). The edge cases are the ones a route plan gets wrong
+first: one token, every token on the same experts, experts without tokens, and M one past a
+multiple of the block size.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from moebench.errors import UserError
+from moebench.fixtures import Fixture, derive, fixture_reference
+from moebench.kernels.arm import Arm, load_builtin_arms
+from moebench.kernels.parity import REL_L2_THRESHOLD, Parity, check_parity
+
+EDGE_CASE_M = 64 + 3  # one past a multiple of the stock BLOCK_SIZE_M (64) and of every smaller one
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    label: str  # "fresh" or the edge case's name
+    fixture: Fixture
+
+
+def build_arm(name: str, options: dict) -> Arm:
+    """The arm `name`, given the options its factory accepts (others are for other arms)."""
+    arms = load_builtin_arms()
+    if name not in arms:
+        raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")
+    factory = arms[name]
+    accepted = inspect.signature(factory).parameters
+    return factory(**{k: v for k, v in options.items() if k in accepted and v is not None})
+
+
+def check_options_used(names: list[str], options: dict) -> None:
+    """A given option that no chosen arm accepts is a mistake, not something to ignore."""
+    arms = load_builtin_arms()
+    for key, value in options.items():
+        if value is None:
+            continue
+        if not any(key in inspect.signature(arms[n]).parameters for n in names if n in arms):
+            flag = "--" + key.replace("_", "-")
+            raise UserError(f"{flag} applies to none of the arms given ({', '.join(names)})")
+
+
+def _routes_on(fx: Fixture, experts: list[int], M: int) -> torch.Tensor:
+    """[M, top_k] ids: every row takes its routed experts from `experts` (rotating), the shared
+    expert last when the family has one."""
+    fam = fx.spec.family
+    k = fam.routed_top_k
+    if len(experts) < k:
+        raise ValueError(f"need at least {k} experts, got {len(experts)}")
+    rows = [[experts[(m + j) % len(experts)] for j in range(k)] for m in range(M)]
+    ids = torch.tensor(rows, dtype=torch.int32)
+    if fam.shared_expert:
+        ids = torch.cat([ids, torch.full((M, 1), fam.E - 1, dtype=torch.int32)], dim=1)
+    return ids
+
+
+def edge_cases(fx: Fixture, seed: int) -> list[VerifyCase]:
+    """M=1; every token on the same top_k experts (M=67, so each of them gets 67 slots: a full
+    block of 64 and a partial one); half the experts empty; M=67 with the shape's routing."""
+    fam = fx.spec.family
+    k, routed = fam.routed_top_k, fam.routed_experts
+    M = max(fx.M, 4)
+    return [
+        VerifyCase("M=1", derive(fx, seed, M=1)),
+        VerifyCase("one expert set", derive(fx, seed + 1, topk_ids=_routes_on(fx, list(range(k)), EDGE_CASE_M))),
+        VerifyCase("empty experts", derive(fx, seed + 2, topk_ids=_routes_on(
+            fx, list(range(0, routed, 2))[: max(k + 1, routed // 2)], M))),
+        VerifyCase(f"M={EDGE_CASE_M}", derive(fx, seed + 3, M=EDGE_CASE_M)),
+    ]
+
+
+def verify_cases(fx: Fixture, seed: int | None = None, *, with_edge_cases: bool = False) -> list[VerifyCase]:
+    seed = fx.spec.seed + 1 if seed is None else seed
+    cases = [VerifyCase("fresh", derive(fx, seed))]
+    if with_edge_cases:
+        cases += edge_cases(fx, seed + 1)
+    return cases
+
+
+def verify_arms(fx: Fixture, arm_names: list[str], *, options: dict | None = None, seed: int | None = None,
+                with_edge_cases: bool = False, threshold: float = REL_L2_THRESHOLD) -> list[Parity]:
+    """One Parity row per (case, arm); raises UserError if an arm cannot run on fx's device."""
+    options = options or {}
+    check_options_used(arm_names, options)
+    arms = [build_arm(name, options) for name in arm_names]
+    for arm in arms:
+        reason = arm.unavailable_reason(fx.device)
+        if reason:
+            raise UserError(f"arm {arm.name!r} cannot run here: {reason}")
+    rows = []
+    for case in verify_cases(fx, seed, with_edge_cases=with_edge_cases):
+        ref = fixture_reference(case.fixture)
+        shape = fx.spec.name if case.label == "fresh" else f"{fx.spec.name} {case.label}"
+        for arm in arms:
+            call = arm.prepare(case.fixture)
+            rows.append(check_parity(call, ref, shape, threshold))
+    return rows
