@@ -119,7 +119,7 @@ def make_result(shapes=("A8", "A128"), arms=("triton", "cuda-fused"), *, rounds:
             bw = floors[shape].hbm_bytes / (median * 1e-9)
             summaries.append(ArmSummary(
                 shape=shape, arm=arm, median_ns=median, row_medians_ns=tuple(row),
-                min_ns=float(min(values[(shape, arm)])), max_ns=float(max(values[(shape, arm)])),
+                min_ns=min(row), max_ns=max(row),
                 samples=len(values[(shape, arm)]),
                 span_median_ns=float(statistics.median(spans[(shape, arm)])) if timer == "cupti" else None,
                 hbm_bandwidth_bytes_per_s=bw,

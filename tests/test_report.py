@@ -244,3 +244,22 @@ def test_report_command_prints_each_format(fmt, tmp_path):
     assert out.strip()
     if fmt == "json":
         assert json.loads(out)["format"] == "moebench.RunResult"
+
+
+def test_factory_statistics_agree_with_moebench_stats():
+    """The synthetic results are filled the way a real run fills them."""
+    from moebench.stats import summarize
+    r = make_result(shapes=("A8", "Q128"), arms=("triton", "cuda-swapab", "cuda-fused"), rounds=4, samples=5)
+    summaries, ratios = summarize(r.samples, r.settings.shapes, r.settings.arms, r.settings.ref,
+                                  {f.name: f.floors.hbm_bytes for f in r.fixtures},
+                                  r.provenance.gpu.read_bandwidth_bytes_per_s)
+    for mine, theirs in zip(r.summaries, summaries, strict=True):
+        assert (mine.shape, mine.arm) == (theirs.shape, theirs.arm)
+        assert mine.median_ns == pytest.approx(theirs.median_ns)
+        assert mine.row_medians_ns == pytest.approx(theirs.row_medians_ns)
+        assert mine.hbm_bandwidth_bytes_per_s == pytest.approx(theirs.hbm_bandwidth_bytes_per_s)
+        assert mine.fraction_of_read_bandwidth == pytest.approx(theirs.fraction_of_read_bandwidth)
+    for mine, theirs in zip(r.ratios, ratios, strict=True):
+        assert (mine.shape, mine.arm, mine.ref) == (theirs.shape, theirs.arm, theirs.ref)
+        assert mine.median == pytest.approx(theirs.median)
+        assert (mine.low, mine.high, mine.rounds_won) == pytest.approx((theirs.low, theirs.high, theirs.rounds_won))

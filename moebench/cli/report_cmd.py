@@ -32,10 +32,11 @@ def report(result_path, fmt, plot_dir, output, prefix):
     images = []
     if plot_dir is not None:
         from moebench.results.plots import write_plots
-        link_base = Path(output).parent if output else Path(".")
         for plot in write_plots(ResultIndex(result), plot_dir, prefix=prefix):
             png = plot.paths[0]
-            images.append(Image(plot.title, Path(os.path.relpath(png, link_base)).as_posix()))
+            # Links relative to the Markdown file when it has one, else as the folder was given.
+            link = os.path.relpath(png, Path(output).parent) if output else png
+            images.append(Image(plot.title, Path(link).as_posix()))
             click.echo(f"wrote {png} and .svg", err=True)
     if output is None:
         FORMATS[fmt](result, sys.stdout, images)

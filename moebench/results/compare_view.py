@@ -56,7 +56,7 @@ def render_table(c: Comparison, out: TextIO) -> None:
 
 def render_markdown(c: Comparison, out: TextIO) -> None:
     lines = [f"### moebench compare: {_headline(c)}", "",
-             f"| shape | arm | {c.a_label} µs | {c.b_label} µs | change | verdict | why | build changed |",
+             "| shape | arm | A µs | B µs | change | verdict | why | build changed |",
              "|---|---|--:|--:|--:|---|---|---|"]
     for a in c.arms:
         verdict = f"**{a.verdict.value}**" if a.verdict is not Verdict.SAME else a.verdict.value
@@ -64,7 +64,7 @@ def render_markdown(c: Comparison, out: TextIO) -> None:
                      f"{a.change:+.1%} | {verdict} | {a.reason.split(': ', 1)[-1]} | {_built(a.identity_changed)} |")
     if c.ratios:
         lines += ["", "Paired ratios within each run (ref / arm; > 1: the arm is faster):", "",
-                  f"| shape | arm / ref | {c.a_label} | {c.b_label} | change | verdict | why |",
+                  "| shape | arm / ref | A | B | change | verdict | why |",
                   "|---|---|--:|--:|--:|---|---|"]
         for r in c.ratios:
             lines.append(f"| {r.shape} | `{r.arm}` / `{r.ref}` | {r.a_median:.3f}× | {r.b_median:.3f}× | "

@@ -21,8 +21,8 @@ INTEGER_COLUMNS = ("round", "index", "gpu_span_ns", "kernels", "external_id")
 # metric name -> (unit, value in an ArmSummary); None values are left out.
 ARM_METRICS: dict[str, tuple[str, Callable[[ArmSummary], float | None]]] = {
     "median": ("ns", lambda s: s.median_ns),
-    "min": ("ns", lambda s: s.min_ns),
-    "max": ("ns", lambda s: s.max_ns),
+    "row_min": ("ns", lambda s: s.min_ns),
+    "row_max": ("ns", lambda s: s.max_ns),
     "span_median": ("ns", lambda s: s.span_median_ns),
     "samples": ("count", lambda s: s.samples),
     "hbm_floor_bandwidth": ("bytes/s", lambda s: s.hbm_bandwidth_bytes_per_s),

@@ -41,7 +41,7 @@ def method_sentence(s: Settings) -> str:
     timer = TIMER_WORDS.get(s.timer, f"timed by {s.timer!r}")
     order = ", ".join(f"`{a}`" for a in s.arms)
     return (f"Each sample is one call with {flush} before it, {timer}; {s.rounds} rounds × "
-            f"{s.samples} samples per arm ({s.warmup} warm-ups each), odd rounds in the order "
+            f"{s.samples} samples per arm ({s.warmup} warm-up{'' if s.warmup == 1 else 's'} each), odd rounds in the order "
             f"{order} and even rounds reversed; a row is a round's median, an arm's time the "
             f"median of its rows, a ratio the median over rounds of `{s.ref}` row / arm row "
             f"(> 1: the arm is faster).")
@@ -87,7 +87,7 @@ def _cell(text: str) -> str:
 
 
 def _summary_table(ix: ResultIndex) -> str:
-    header = ["shape", "arm", "median µs", "span µs", f"vs `{ix.ref}`", "range over rounds",
+    header = ["shape", "arm", "median µs", "rounds µs", "span µs", f"vs `{ix.ref}`", "range over rounds",
               "rounds won", "HBM-floor bandwidth", "of read BW"]
     rows = []
     for shape in ix.shapes:
@@ -95,7 +95,7 @@ def _summary_table(ix: ResultIndex) -> str:
             s = ix.summary(shape, arm)
             r = ix.ratio(shape, arm)
             name = f"`{arm}` (ref)" if arm == ix.ref else f"`{arm}`"
-            cells = [shape, name, us(s.median_ns), us(s.span_median_ns)]
+            cells = [shape, name, us(s.median_ns), f"{us(s.min_ns)}–{us(s.max_ns)}", us(s.span_median_ns)]
             if r is None:
                 cells += ["—", "—", "—"]
             else:
@@ -103,7 +103,7 @@ def _summary_table(ix: ResultIndex) -> str:
                           f"{r.rounds_won}/{r.rounds}"]
             cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
             rows.append(cells)
-    return _table(header, "llrrrrrrr", rows)
+    return _table(header, "llrrrrrrrr", rows)
 
 
 def _per_round_table(ix: ResultIndex) -> str:
