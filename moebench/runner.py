@@ -17,10 +17,10 @@ from typing import Callable
 import torch
 
 from moebench.errors import UserError
-from moebench.fixtures import ShapeRegistry, build_fixture, fixture_reference
+from moebench.fixtures import ShapeRegistry, build_fixture
 from moebench.fixtures.summary import fixture_summary
-from moebench.kernels.arm import make_arm
-from moebench.kernels.parity import check_parity
+from moebench.kernels.arm import make_arms
+from moebench.kernels.parity import References, check_parity
 from moebench.results import schema as S
 from moebench.results.provenance import provenance, utc_now
 from moebench.results.store import save
@@ -55,6 +55,7 @@ class RunRequest:
     shapes_file: str | None = None
     command: tuple[str, ...] = ()
     measure_bandwidth: bool = True
+    arm_options: dict = field(default_factory=dict)  # e.g. {"triton_config": path}, to the arms that take them
 
     @property
     def ref_arm(self) -> str:
@@ -164,7 +165,7 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
     """Fixtures on `device`, every arm prepared and checked against the oracle. An arm
     that fails parity stops the run: it is never timed."""
     specs = resolve_specs(req)
-    arms = [make_arm(name) for name in req.arms]
+    arms = make_arms(req.arms, req.arm_options)
     for arm in arms:
         why = arm.unavailable_reason(device)
         if why:
@@ -176,13 +177,14 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
         summary = fixture_summary(fx)
         p.fixtures.append(_fixture_info(summary))
         p.hbm_bytes[spec.name] = summary["floors"]["hbm_bytes"]
-        ref = fixture_reference(fx)
+        refs = References(fx)
         for arm in arms:
             log(f"{spec.name}: preparing {arm.name}")
             call = arm.prepare(fx)
-            par = check_parity(call, ref, spec.name)
+            par = check_parity(call, refs, spec.name)
             p.parity.append(S.ParityInfo(spec.name, arm.name, _finite(par.rel_l2), _finite(par.max_abs),
-                                         par.nonfinite, par.threshold, par.passed))
+                                         par.nonfinite, par.threshold, par.passed, par.oracle,
+                                         None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:
                 failures.append(f"{arm.name} at {spec.name}: {par.reason()}")
                 continue
@@ -191,7 +193,7 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
             p.arms.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
             p.units.append(Unit(spec.name, arm.name, call.run, call.reset))
             p.keep_alive.append(call)
-        del ref
+        del refs
     if failures:
         raise RunFailed("parity failed, not timing: " + "; ".join(failures))
     return p
@@ -237,7 +239,7 @@ def assemble(req: RunRequest, backend: TimingBackend, prep: Prepared, out: Engin
     settings = S.Settings(shapes=shapes, arms=tuple(req.arms), ref=req.ref_arm, rounds=req.rounds,
                           samples=req.samples, warmup=req.warmup, flush=req.flush,
                           flush_bytes=backend.flush_bytes, timer=timer_name, balancedness=req.balancedness,
-                          options={k: v for k, v in options.items() if v is not None})
+                          options={k: v for k, v in {**req.arm_options, **options}.items() if v is not None})
     return S.RunResult(
         schema_version=S.SCHEMA_VERSION, provenance=provenance(req.command, started_at, gpu),
         settings=settings, fixtures=tuple(prep.fixtures), arms=tuple(prep.arms), parity=tuple(prep.parity),
@@ -266,8 +268,7 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
     started_at = utc_now()
     if backend is None:
         resolve_specs(req)  # bad shape names before touching the GPU
-        for name in req.arms:
-            make_arm(name)
+        make_arms(req.arms, req.arm_options)
         backend = cuda_backend(req)
     prep = prepare(req, backend.device, log)
     total = req.rounds * len(prep.units) * req.samples

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench.fixtures import build_fixture, derive, fixture_reference
+from moebench.fixtures import build_fixture, derive
 from moebench.kernels.arm import make_arm
-from moebench.kernels.parity import check_parity
+from moebench.kernels.parity import References, check_parity
 from moebench.kernels.verify import edge_cases
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,7 @@ def needs_hopper():
 
 def _check(arm_name, fx, label):
     call = make_arm(arm_name).prepare(fx)
-    parity = check_parity(call, fixture_reference(fx), label)
+    parity = check_parity(call, References(fx), label)
     assert parity.passed, f"{arm_name} {label}: {parity.reason()} (max abs {parity.max_abs:.3g})"
     return call
 

@@ -13,7 +13,7 @@ from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_refe
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.fused_arm import (CudaFusedArm, fused_moe, make_fused_launch,
                                         prepare_fused_weights)
-from moebench.kernels.parity import check_parity, compare
+from moebench.kernels.parity import References, check_parity, compare
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +56,7 @@ def test_parity_standard_fixtures(name):
     fx = fixture(name)
     call = CudaFusedArm().prepare(fx)
     assert call.kernels_per_sample == 1
-    p = check_parity(call, fixture_reference(fx), name)
+    p = check_parity(call, References(fx), name)
     # bf16x2 reductions round every partial sum: ~4e-3 expected (CPU simulation), limit 1e-2
     assert p.passed, f"{name}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 

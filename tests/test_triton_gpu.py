@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench.fixtures import build_fixture, derive, fixture_reference, rel_l2_error
+from moebench.fixtures import build_fixture, derive
 from moebench.kernels.arm import make_arm
-from moebench.kernels.parity import check_parity
+from moebench.kernels.parity import References, check_parity
 from moebench.kernels.triton_arms import (TRITON_KERNELS, interpreter_requested, kernels_module,
-                                          stock_rounding_reference, use_interpreter)
+                                          use_interpreter)
 from moebench.kernels.verify import edge_cases
 
 pytestmark = pytest.mark.gpu
@@ -62,10 +62,11 @@ def edge_fixtures(fixtures):
 
 def _check(arm, fx, label):
     call = make_arm(arm).prepare(fx)
-    parity = check_parity(call, fixture_reference(fx), label, threshold=ORACLE_BOUND)
-    model_err = rel_l2_error(call.output, stock_rounding_reference(fx))
+    parity = check_parity(call, References(fx), label)
     assert parity.nonfinite == 0, parity.reason()
-    assert model_err <= MODEL_BOUND, f"{arm} {label}: {model_err:.3g} from the stock rounding model"
+    assert parity.oracle == "bf16-intermediates"
+    assert parity.rel_l2 <= MODEL_BOUND, f"{arm} {label}: {parity.rel_l2:.3g} from the stock rounding model"
+    assert parity.rel_l2_exact <= ORACLE_BOUND, f"{arm} {label}: {parity.rel_l2_exact:.3g} from the exact oracle"
     assert parity.passed, f"{arm} {label}: {parity.reason()}"
     return call
 

@@ -46,7 +46,7 @@ def make_result(timer: str = "cupti", failed: bool = False) -> RunResult:
 
 # --- a fake GPU and tracer: synthetic CUPTI record streams from the real engine loop ----
 
-from moebench.timing.records import ApiRec, ExternalRec, KernelRec, RecordBatch  # noqa: E402
+from moebench.timing.records import ExternalRec, KernelRec, RecordBatch  # noqa: E402
 
 
 class FakeGpu:

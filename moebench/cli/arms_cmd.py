@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import click
 import torch
 from rich.console import Console
 from rich.table import Table

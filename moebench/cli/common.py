@@ -17,3 +17,7 @@ balancedness_option = click.option("--balancedness", type=float, default=0.8, sh
 def registry(shapes_file: str | None) -> ShapeRegistry:
     reg = ShapeRegistry()
     return reg.with_shapes_file(shapes_file) if shapes_file else reg
+
+triton_config_option = click.option(
+    "--triton-config", type=click.Path(dir_okay=False), default=None,
+    help="JSON of per-M Triton configs in the serving engines' format (Triton arms only).")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from moebench.cli import cli
-from moebench.cli.common import balancedness_option, shape_option, shapes_file_option
+from moebench.cli.common import balancedness_option, shape_option, shapes_file_option, triton_config_option
 from moebench.kernels.arm import parse_arm_list
 from moebench.results.tables import findings_lines, print_tables
 from moebench.runner import RunFailed, RunRequest, run
@@ -44,15 +44,18 @@ def _progress(console: Console, total: int):
               help="L2 flush before each sample: read (cold, clean), write (cold, dirty), none.")
 @click.option("--timer", type=click.Choice(["cupti", "events"]), default="cupti", show_default=True,
               help="CUPTI kernel records, or CUDA events (labelled so in the result).")
+@triton_config_option
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
-def run_command(shapes, shapes_file, balancedness, arms, ref, rounds, samples, warmup, flush, timer, out_dir):
+def run_command(shapes, shapes_file, balancedness, arms, ref, rounds, samples, warmup, flush, timer,
+                triton_config, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = Console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
                      arms=tuple(parse_arm_list(list(arms))), ref=ref, rounds=rounds, samples=samples,
                      warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
-                     shapes_file=shapes_file, command=("moebench", *sys.argv[1:]))
+                     shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
+                     arm_options={"triton_config": triton_config})
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moebench.cli import cli
-from moebench.cli.common import balancedness_option, registry, shape_option, shapes_file_option
+from moebench.cli.common import balancedness_option, registry, shape_option, shapes_file_option, triton_config_option
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture
 from moebench.kernels.arm import parse_arm_list
@@ -23,8 +23,7 @@ from moebench.kernels.verify import verify_arms
 @balancedness_option
 @click.option("--arms", "arms", multiple=True, metavar="A[,A...]", help="Arms to check (repeat or comma-separate).")
 @click.option("--interpret", is_flag=True, help="Run Triton kernels on the CPU (TRITON_INTERPRET=1); slow, small shapes.")
-@click.option("--triton-config", type=click.Path(dir_okay=False), default=None,
-              help="JSON of per-M Triton configs in the engines' format, for the Triton arms.")
+@triton_config_option
 @click.option("--seed", type=int, default=None, help="Seed of the fresh inputs (default: the shape's seed + 1).")
 @click.option("--edge-cases", is_flag=True, help="Also check M=1, one expert set, empty experts, M=67.")
 @click.option("--threshold", type=float, default=REL_L2_THRESHOLD, show_default=True,

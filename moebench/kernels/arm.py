@@ -8,6 +8,7 @@ against the oracle and audited against the kernels it declares.
 
 from __future__ import annotations
 
+import inspect
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class PreparedCall:
     kernels: tuple[KernelDecl, ...]  # exactly what one sample must contain
     reset: Callable[[], None] | None = None  # untimed, before every sample (accumulating outputs)
     identity: dict = field(default_factory=dict)  # config and build hashes, JSON-able, stored in results
+    oracle: str = "exact"  # the roundings parity is judged against (moebench.fixtures.oracle.ROUNDINGS)
 
     @property
     def kernels_per_sample(self) -> int:
@@ -83,6 +85,22 @@ def make_arm(name: str, **options) -> Arm:
     if name not in arms:
         raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")
     return arms[name](**options)
+
+
+def make_arms(names: list[str] | tuple[str, ...], options: dict | None = None) -> list[Arm]:
+    """The arms `names`, each given the options its factory accepts (`--triton-config` goes to
+    the Triton arms only). An option that no chosen arm accepts is a mistake, not ignored."""
+    arms = load_builtin_arms()
+    for name in names:
+        if name not in arms:
+            raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    accepts = {n: inspect.signature(arms[n]).parameters for n in names}
+    for key in given:
+        if not any(key in params for params in accepts.values()):
+            flag = "--" + key.replace("_", "-")
+            raise UserError(f"{flag} applies to none of the arms given ({', '.join(names)})")
+    return [arms[n](**{k: v for k, v in given.items() if k in accepts[n]}) for n in names]
 
 
 def parse_arm_list(text: str | list[str] | tuple[str, ...]) -> list[str]:

@@ -3,15 +3,18 @@
 The output is poisoned with NaN before the call, so an element the arm never wrote shows
 up as non-finite. Arms that accumulate into their output zero it in `reset()` (untimed),
 which overwrites the poison: their accumulation is tested separately.
+
+An arm is judged against the oracle with the roundings it declares (`PreparedCall.oracle`,
+see moebench.fixtures.oracle); its distance from the exact oracle is reported beside it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from moebench.fixtures import rel_l2_error
+from moebench.fixtures import Fixture, fixture_reference, rel_l2_error
 from moebench.kernels.arm import PreparedCall
 
 REL_L2_THRESHOLD = 1e-2  # FP8 requant boundaries flip a few codes; a correct kernel lands far below
@@ -26,6 +29,8 @@ class Parity:
     ref_max_abs: float
     nonfinite: int  # unwritten (still NaN poison) or NaN/Inf produced
     threshold: float = REL_L2_THRESHOLD
+    oracle: str = "exact"  # the roundings rel_l2 was measured against
+    rel_l2_exact: float | None = None  # against the exact oracle, when `oracle` is another
 
     @property
     def passed(self) -> bool:
@@ -57,13 +62,30 @@ def compare(arm: str, shape: str, out: torch.Tensor, ref: torch.Tensor,
     return Parity(arm, shape, rel, max_abs, ref_max, nonfinite, threshold)
 
 
-def check_parity(call: PreparedCall, ref: torch.Tensor, shape: str,
+class References:
+    """The oracle's outputs for one fixture, computed once per rounding on first use."""
+
+    def __init__(self, fx: Fixture):
+        self.fx = fx
+        self._by_rounding: dict[str, torch.Tensor] = {}
+
+    def get(self, rounding: str = "exact") -> torch.Tensor:
+        if rounding not in self._by_rounding:
+            self._by_rounding[rounding] = fixture_reference(self.fx, rounding)
+        return self._by_rounding[rounding]
+
+
+def check_parity(call: PreparedCall, refs: References, shape: str,
                  threshold: float = REL_L2_THRESHOLD) -> Parity:
-    """Poison, reset, run once, compare with `ref` (the oracle's output for the same fixture)."""
+    """Poison, reset, run once, compare with the oracle of the arm's roundings."""
     poison(call.output)
     if call.reset is not None:
         call.reset()
     call.run()
     if call.output.is_cuda:
         torch.cuda.synchronize(call.output.device)
-    return compare(call.arm, shape, call.output, ref, threshold)
+    result = compare(call.arm, shape, call.output, refs.get(call.oracle), threshold)
+    exact = None
+    if call.oracle != "exact" and not result.nonfinite:
+        exact = rel_l2_error(call.output, refs.get("exact"))
+    return replace(result, oracle=call.oracle, rel_l2_exact=exact)

@@ -9,15 +9,14 @@ multiple of the block size.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 
 from moebench.errors import UserError
-from moebench.fixtures import Fixture, derive, fixture_reference
-from moebench.kernels.arm import Arm, load_builtin_arms
-from moebench.kernels.parity import REL_L2_THRESHOLD, Parity, check_parity
+from moebench.fixtures import Fixture, derive
+from moebench.kernels.arm import make_arms
+from moebench.kernels.parity import REL_L2_THRESHOLD, Parity, References, check_parity
 
 EDGE_CASE_M = 64 + 3  # one past a multiple of the stock BLOCK_SIZE_M (64) and of every smaller one
 
@@ -26,27 +25,6 @@ EDGE_CASE_M = 64 + 3  # one past a multiple of the stock BLOCK_SIZE_M (64) and o
 class VerifyCase:
     label: str  # "fresh" or the edge case's name
     fixture: Fixture
-
-
-def build_arm(name: str, options: dict) -> Arm:
-    """The arm `name`, given the options its factory accepts (others are for other arms)."""
-    arms = load_builtin_arms()
-    if name not in arms:
-        raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")
-    factory = arms[name]
-    accepted = inspect.signature(factory).parameters
-    return factory(**{k: v for k, v in options.items() if k in accepted and v is not None})
-
-
-def check_options_used(names: list[str], options: dict) -> None:
-    """A given option that no chosen arm accepts is a mistake, not something to ignore."""
-    arms = load_builtin_arms()
-    for key, value in options.items():
-        if value is None:
-            continue
-        if not any(key in inspect.signature(arms[n]).parameters for n in names if n in arms):
-            flag = "--" + key.replace("_", "-")
-            raise UserError(f"{flag} applies to none of the arms given ({', '.join(names)})")
 
 
 def _routes_on(fx: Fixture, experts: list[int], M: int) -> torch.Tensor:
@@ -90,17 +68,16 @@ def verify_arms(fx: Fixture, arm_names: list[str], *, options: dict | None = Non
                 with_edge_cases: bool = False, threshold: float = REL_L2_THRESHOLD) -> list[Parity]:
     """One Parity row per (case, arm); raises UserError if an arm cannot run on fx's device."""
     options = options or {}
-    check_options_used(arm_names, options)
-    arms = [build_arm(name, options) for name in arm_names]
+    arms = make_arms(arm_names, options)
     for arm in arms:
         reason = arm.unavailable_reason(fx.device)
         if reason:
             raise UserError(f"arm {arm.name!r} cannot run here: {reason}")
     rows = []
     for case in verify_cases(fx, seed, with_edge_cases=with_edge_cases):
-        ref = fixture_reference(case.fixture)
+        refs = References(case.fixture)
         shape = fx.spec.name if case.label == "fresh" else f"{fx.spec.name} {case.label}"
         for arm in arms:
             call = arm.prepare(case.fixture)
-            rows.append(check_parity(call, ref, shape, threshold))
+            rows.append(check_parity(call, refs, shape, threshold))
     return rows

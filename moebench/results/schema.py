@@ -157,6 +157,8 @@ class ParityInfo:
     nonfinite: int
     threshold: float
     passed: bool
+    oracle: str = "exact"  # the roundings the arm declared and was judged against
+    rel_l2_exact: float | None = None  # against the exact oracle, when `oracle` is another
 
 
 @dataclass(frozen=True)
