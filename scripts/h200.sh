@@ -25,7 +25,20 @@ for s in "$@"; do case $s in
   gpu-tests-all) stage gpu-tests-all python3 -m pytest -q -m gpu --durations=10 ;;
   build) stage build python3 -m moebench build ;;
   stock) stage stock python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,triton-swapab --out "$R" ;;
-  cuda) stage cuda python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,cuda-gemm,cuda-swapab,cuda-fused --out "$R" ;;
+  stock-again) stage stock-again bash -c "time python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,triton-swapab --out $R" ;;
+  all) stage all python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --arms triton,triton-swapab,cuda-gemm,cuda-swapab,cuda-fused --ref triton --out "$R" ;;
+  ncu) stage ncu bash -c "python3 -m moebench probe --op add --mib 256 --samples 200 --flush read &&
+         ncu --cache-control all --clock-control none --kernel-name-base demangled -k 'regex:Functor\w*_add' \
+           --launch-skip 10 --launch-count 100 --metrics gpu__time_duration.sum --csv \
+           python3 -m moebench probe --op add --mib 256 --samples 110 --warmup 0 --timer none --flush none > $OUT/logs/ncu_add.csv &&
+         python3 -m moebench probe --op add --mib 256 --samples 200 --flush read --ncu-csv $OUT/logs/ncu_add.csv" ;;
+  flush) stage flush bash -c "for f in read write none; do python3 -m moebench probe --op add --mib 16 --samples 200 --flush \$f; done;
+         for f in read write none; do python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,cuda-fused --flush \$f --out $R/flush; done" ;;
+  sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms triton,cuda-gemm,cuda-swapab --out "$R" ;;
+  sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms triton,cuda-gemm,cuda-swapab --out "$R" ;;
+  sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck python3 scripts/sanitize_fused.py &&
+         compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;
 esac; done
 tar czf "$OUT/bundle.tgz" -C "$OUT" logs results
