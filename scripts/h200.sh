@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # One call on the H200 (the device tool): install the carried wheels, then run the named
-# stages in order. Each stage's log goes under $OUT/logs, results under $OUT/results, and
-# everything is bundled into $OUT/bundle.tgz (the tool returns few files).
+# stages in order. Each stage's log goes under logs/, results under results/ of a work
+# folder, bundled into $OUT/bundle.tgz after every stage (the tool returns few files, and
+# a stage cut off by the time limit still leaves the earlier ones).
 #   usage: bash scripts/h200.sh STAGE [STAGE ...]
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MOEBENCH_CACHE=/tmp/moebench-cache
-mkdir -p "$OUT/logs" "$OUT/results"
-R="$OUT/results"
+W=/tmp/h200-work
+mkdir -p "$W/logs" "$W/results"
+R="$W/results"
 
 stage() {  # stage NAME CMD...: run, log, print the status and the log's tail
   local name=$1; shift
   local t0=$SECONDS
-  timeout "${STAGE_TIMEOUT:-400}" "$@" > "$OUT/logs/$name.log" 2>&1
+  timeout "${STAGE_TIMEOUT:-400}" "$@" > "$W/logs/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc $((SECONDS - t0))s"
-  tail -n "${TAIL:-8}" "$OUT/logs/$name.log" | cut -c1-220
+  tail -n "${TAIL:-8}" "$W/logs/$name.log" | cut -c1-220
+  tar czf "$OUT/bundle.tgz" -C "$W" logs results
 }
 
 for s in "$@"; do case $s in
@@ -31,8 +34,8 @@ for s in "$@"; do case $s in
   ncu) stage ncu bash -c "python3 -m moebench probe --op add --mib 256 --samples 200 --flush read &&
          ncu --cache-control all --clock-control none --kernel-name-base demangled -k 'regex:Functor\w*_add' \
            --launch-skip 10 --launch-count 100 --metrics gpu__time_duration.sum --csv \
-           python3 -m moebench probe --op add --mib 256 --samples 110 --warmup 0 --timer none --flush none > $OUT/logs/ncu_add.csv &&
-         python3 -m moebench probe --op add --mib 256 --samples 200 --flush read --ncu-csv $OUT/logs/ncu_add.csv" ;;
+           python3 -m moebench probe --op add --mib 256 --samples 110 --warmup 0 --timer none --flush none > $W/logs/ncu_add.csv &&
+         python3 -m moebench probe --op add --mib 256 --samples 200 --flush read --ncu-csv $W/logs/ncu_add.csv" ;;
   flush) stage flush bash -c "for f in read write none; do python3 -m moebench probe --op add --mib 16 --samples 200 --flush \$f; done;
          for f in read write none; do python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,cuda-fused --flush \$f --out $R/flush; done" ;;
   sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms triton,cuda-gemm,cuda-swapab --out "$R" ;;
@@ -41,4 +44,3 @@ for s in "$@"; do case $s in
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;
 esac; done
-tar czf "$OUT/bundle.tgz" -C "$OUT" logs results
