@@ -31,6 +31,7 @@ for s in "$@"; do case $s in
   stock-again) stage stock-again bash -c "time python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,triton-swapab --out $R" ;;
   all) stage all python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --arms triton,triton-swapab,cuda-gemm,cuda-swapab,cuda-fused --ref triton --out "$R" ;;
+  wall) stage wall bash -c "time python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,triton-swapab --samples 60 --out $R/wall" ;;
   ncu) stage ncu bash -c "python3 -m moebench probe --op add --mib 256 --samples 200 --flush read &&
          ncu --cache-control all --clock-control none --kernel-name-base demangled -k 'regex:Functor\w*_add' \
            --launch-skip 10 --launch-count 100 --metrics gpu__time_duration.sum --csv \
