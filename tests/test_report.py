@@ -263,3 +263,15 @@ def test_factory_statistics_agree_with_moebench_stats():
         assert (mine.shape, mine.arm, mine.ref) == (theirs.shape, theirs.arm, theirs.ref)
         assert mine.median == pytest.approx(theirs.median)
         assert (mine.low, mine.high, mine.rounds_won) == pytest.approx((theirs.low, theirs.high, theirs.rounds_won))
+
+
+def test_summary_format_is_the_first_screen_only():
+    result = make_result(rounds=2, samples=2)
+    out = io.StringIO()
+    FORMATS["summary"](result, out, ())
+    text = out.getvalue()
+    full = io.StringIO()
+    FORMATS["markdown"](result, full, ())
+    assert text.startswith("### moebench:") and "rounds won" in text and "Each sample is one call" in text
+    assert "Per round" not in text and "Per round" in full.getvalue()
+    assert full.getvalue().startswith(text.rsplit("\n\n", 1)[0].split("\n\n")[0])

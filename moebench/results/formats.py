@@ -27,6 +27,11 @@ def _markdown(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
     out.write(render_markdown(result, images))
 
 
+def _summary(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+    from moebench.results.markdown import render_summary
+    out.write(render_summary(result))
+
+
 def _csv(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
     from moebench.results.csv_view import render_csv
     out.write(render_csv(result))
@@ -40,6 +45,7 @@ def _json(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
 FORMATS: dict[str, Renderer] = {
     "table": _table,
     "markdown": _markdown,
+    "summary": _summary,
     "csv": _csv,
     "json": _json,
 }

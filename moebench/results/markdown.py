@@ -187,3 +187,11 @@ def _num(v) -> str:
 
 def _short(v) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def render_summary(result: RunResult) -> str:
+    """The summary table and the method sentence alone: what a README or a PR's first
+    screen shows (the full report links from there)."""
+    ix = ResultIndex(result)
+    parts = [_title(ix), _warnings(ix), _summary_table(ix), method_sentence(result.settings)]
+    return "\n\n".join(p for p in parts if p) + "\n"

@@ -22,6 +22,9 @@ def save(result: RunResult, path: str | Path) -> Path:
     text = dumps(result)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a result is an ordinary file
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
