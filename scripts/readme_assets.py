@@ -1,0 +1,92 @@
+"""Regenerate README.md's result sections and docs/h200/ from the committed H200 runs.
+
+Every number in those sections is printed by `moebench report` / `moebench compare` from a
+RunResult under results/h200/, or read from one here; nothing is typed by hand. Each
+section sits between `<!-- moebench:NAME -->` and `<!-- /moebench:NAME -->` in README.md.
+
+    python scripts/readme_assets.py
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "h200"
+DOCS = ROOT / "docs" / "h200"
+
+# Runs with a full report page (and plots) under docs/h200/.
+REPORTS = ["all-arms", "stock", "sweep-A", "sweep-Q"]
+
+
+def moebench(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "moebench", *args], cwd=ROOT, check=True,
+                         capture_output=True, text=True)
+    return out.stdout
+
+
+def flush_table() -> str:
+    """Median gpu_sum per shape and arm under each flush mode, from the three flush runs."""
+    sys.path.insert(0, str(ROOT))
+    from moebench.results.store import load
+
+    modes = ["read", "write", "none"]
+    runs = {m: load(RESULTS / f"flush-{m}.json") for m in modes}
+    medians = {m: {(s.shape, s.arm): s.median_ns for s in r.summaries} for m, r in runs.items()}
+    lines = ["| shape | arm | read (cold, clean) µs | write (cold, dirty) µs | none (warm) µs | write / read | none / read |",
+             "|---|---|--:|--:|--:|--:|--:|"]
+    for key in medians["read"]:
+        r, w, n = (medians[m][key] for m in modes)
+        lines.append(f"| {key[0]} | `{key[1]}` | {r / 1e3:.2f} | {w / 1e3:.2f} | {n / 1e3:.2f} | "
+                     f"{w / r:.3f} | {n / r:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def log_lines(name: str, *patterns: str) -> str:
+    """Lines of a committed H200 log (results/h200/fidelity/) that match, as a code block."""
+    text = (RESULTS / "fidelity" / name).read_text().splitlines()
+    keep = [ln for ln in text if any(re.search(p, ln) for p in patterns)]
+    return "```\n" + "\n".join(keep) + "\n```\n"
+
+
+def sections() -> dict[str, str]:
+    return {
+        "ncu": log_lines("ncu-probe.log", r"^add: median", r"^ncu "),
+        "wall": log_lines("wall-1200-samples.log", r"audited", r"^real") + "\n"
+                + log_lines("wall-2400-samples.log", r"audited", r"^real"),
+        "all-arms": moebench("report", "results/h200/all-arms.json", "--format", "summary"),
+        "stock": moebench("report", "results/h200/stock.json", "--format", "summary"),
+        "repeat": moebench("compare", "results/h200/stock.json", "results/h200/stock-repeat.json",
+                           "--format", "markdown"),
+        "flush": flush_table(),
+        "sweep-A": moebench("report", "results/h200/sweep-A.json", "--format", "summary"),
+        "sweep-Q": moebench("report", "results/h200/sweep-Q.json", "--format", "summary"),
+    }
+
+
+def write_docs() -> None:
+    for name in REPORTS:
+        moebench("report", f"results/h200/{name}.json", "--format", "markdown",
+                 "--output", f"docs/h200/{name}.md", "--plot", "docs/h200/img", "--prefix", f"{name}-")
+
+
+def fill_readme(parts: dict[str, str]) -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name, body in parts.items():
+        pattern = re.compile(rf"(<!-- moebench:{re.escape(name)} -->\n).*?(<!-- /moebench:{re.escape(name)} -->)",
+                             re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no section markers for {name!r}")
+        text = pattern.sub(lambda m: m.group(1) + body.strip() + "\n" + m.group(2), text)
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    DOCS.mkdir(parents=True, exist_ok=True)
+    write_docs()
+    fill_readme(sections())
+    print("README.md sections and docs/h200/ regenerated")
