@@ -39,8 +39,8 @@ for s in "$@"; do case $s in
          python3 -m moebench probe --op add --mib 256 --samples 200 --flush read --ncu-csv $W/logs/ncu_add.csv" ;;
   flush) stage flush bash -c "for f in read write none; do python3 -m moebench probe --op add --mib 16 --samples 200 --flush \$f; done;
          for f in read write none; do python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,cuda-fused --flush \$f --out $R/flush; done" ;;
-  sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms triton,cuda-gemm,cuda-swapab --out "$R" ;;
-  sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms triton,cuda-gemm,cuda-swapab --out "$R" ;;
+  sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
+  sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;
