@@ -1,6 +1,7 @@
 """cuda-fused on an H100/H200: oracle parity at the standard fixtures and at the edges of the
 contract (M=1, one hot expert, E=512 top-10, N=1024, garbage past the padded total,
-accumulation into a non-zero output, every block_m, a 2-deep ring)."""
+accumulation into a non-zero output, every block_m, a 2-deep ring, a persistent grid of 1 or
+3 clusters walking hundreds of items, one CTA an SM)."""
 
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ def weights(name: str):
     return prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
 
 
-def run_fused(fx, *, block_m: int = 8, out=None, plan=None, stages=None, w=None):
+def run_fused(fx, *, block_m: int = 8, out=None, plan=None, stages=None, w=None, max_clusters=None):
     w = w if w is not None else prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, block_m).to(fx.device)
-    launch, out, _, _ = make_fused_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out, stages=stages)
+    launch, out, _, _ = make_fused_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out, stages=stages,
+                                          max_clusters=max_clusters)
     launch()
     torch.cuda.synchronize()
     return out
@@ -92,6 +94,25 @@ def test_parity_every_block_m(block_m):
 def test_parity_two_stage_ring_wraps_many_times():
     fx = fixture("A8")  # 21 chunks a CTA through 2 buffers
     assert_parity(fx, run_fused(fx, stages=2, w=weights("A8")), "A8-stages2")
+
+
+@pytest.mark.parametrize("clusters", [1, 3])
+def test_parity_few_clusters_take_many_items(clusters):
+    # the persistent grid, squeezed: every cluster walks ~470/clusters items, so the ring,
+    # meta-slot and DSMEM-exchange barriers wrap their phases many times
+    fx = fixture("Q128")
+    assert_parity(fx, run_fused(fx, w=weights("Q128"), max_clusters=clusters), f"Q128-{clusters}cl")
+
+
+def test_parity_one_cta_per_sm_deep_ring():
+    fx = fixture("A8")
+    w = weights("A8")
+    plan = route_plan(fx.topk_ids, fx.spec.E, 8).to(fx.device)
+    launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, per_sm=1)
+    assert dims["per_sm"] == 1 and dims["stages"] == 8
+    launch()
+    torch.cuda.synchronize()
+    assert_parity(fx, out, "A8-1cta")
 
 
 def test_parity_n1024():

@@ -7,7 +7,8 @@ Public helpers:
 The layout change re-orders each expert's FP8 weights so that every CTA of the kernel streams
 one contiguous range, tile by tile in mma fragment order (the kernel's header comment has the
 details). Bytes per fixture are unchanged: the kernel reads every routed expert's weights once
-per plan block, 48*K bytes per CTA, 8 CTAs (a cluster) per block and group of 128 columns.
+per plan block, 48*K bytes per CTA and work item (plan block x group of 128 columns), 8 CTAs
+(a cluster) per item; the grid is persistent (as many clusters as the GPU holds at once).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ LAYOUT = "fused-v1"  # bump when prepare_fused_weights changes the order it writ
 
 GROUP = 128  # FP8 block-scale granularity (weights 128x128, activations 1x128)
 CLUSTER = 8  # CTAs per cluster: 8 x 16 intermediate columns = one requant group
-THREADS = 256
+THREADS = 288  # 8 consumer warps + 1 producer warp
 CHUNK_BYTES = 16384
-X_ROW, AQ_ROW = 528, 144
+X_ROW, AQ_ROW, STG_ROW = 528, 144, 20
 MAX_BLOCK_M = 64
 MAX_E, MAX_TOP_K = 1024, 16
 SMEM_PER_SM = 228 * 1024  # H100/H200: shared memory per SM; 1 KB of it reserved per CTA
 SMEM_PER_CTA = 227 * 1024
-MAX_STAGES = 6
+MAX_STAGES = 8
 FP8 = torch.float8_e4m3fn
 
 
@@ -121,22 +122,30 @@ def _check_scale(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
 # ------------------------------------------------------------------------------ launch shape
 
 
+def meta_bytes(block_m: int, K: int) -> int:
+    KB = K // GROUP
+    return (16 + 3 * block_m * 4 + KB * block_m * 4 + 3 * KB * 4 + 15) & ~15
+
+
 def shared_bytes(block_m: int, stages: int, K: int) -> int:
     """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
-    KB = K // GROUP
-    n = stages * CHUNK_BYTES + stages * block_m * X_ROW + block_m * GROUP * 4
-    n += KB * block_m * 4 + 3 * KB * 4 + 3 * block_m * 4
-    n = (n + 7) & ~7
-    return n + 2 * stages * 8
+    n = stages * CHUNK_BYTES + stages * block_m * X_ROW + block_m * GROUP * 4 + 8 * 16 * block_m * 4
+    n += block_m * AQ_ROW
+    n = (n + 15) & ~15
+    n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
+    return n + 2 * stages * 8 + 4 * 8 + 2 * 8
 
 
 def ctas_per_sm(block_m: int) -> int:
-    return 2 if block_m <= 32 else 1  # the kernel's MIN_CTAS_PER_SM
+    """CTAs an SM holds (the kernel's MIN_CTAS_PER_SM default): two small ones hide each
+    other's SwiGLU exchange; from BLOCK_M 32 the per-item buffers leave room for one."""
+    return 2 if block_m <= 16 else 1
 
 
-def choose_stages(block_m: int, K: int) -> int:
-    """The deepest ring (up to MAX_STAGES) that keeps ctas_per_sm CTAs resident on an SM."""
-    per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // ctas_per_sm(block_m) - 1024)
+def choose_stages(block_m: int, K: int, per_sm: int | None = None) -> int:
+    """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs resident on an SM."""
+    per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
+    per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // per_sm - 1024)
     for stages in range(MAX_STAGES, 1, -1):
         if shared_bytes(block_m, stages, K) <= per_cta:
             return stages
@@ -163,10 +172,29 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
 
 
 @functools.lru_cache(maxsize=None)
-def build_fused(block_m: int, stages: int):
+def build_fused(block_m: int, stages: int, per_sm: int | None = None):
     """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
-    return compile_source(SOURCE, defines={"BLOCK_M": str(block_m), "STAGES": str(stages)})
+    per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
+    return compile_source(SOURCE, defines={"BLOCK_M": str(block_m), "STAGES": str(stages),
+                                           "MIN_CTAS_PER_SM": str(per_sm)})
+
+
+def resident_clusters(kernel, smem: int, device_index: int, per_sm: int) -> int:
+    """Clusters of CLUSTER CTAs that the GPU runs at once (the persistent grid): the driver's
+    answer (it knows how the SMs group into GPCs), else a cautious estimate."""
+    try:
+        from cuda.core import Device, LaunchConfig
+        dev = Device(device_index)
+        cfg = LaunchConfig(grid=(CLUSTER, 1, 1), cluster=(CLUSTER, 1, 1), block=(THREADS, 1, 1),
+                           shmem_size=smem)
+        n = int(kernel.occupancy.max_active_clusters(cfg, stream=dev.default_stream))
+        if n > 0:
+            return n
+    except Exception:  # noqa: BLE001 - an older cuda.core or driver: estimate instead
+        pass
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return max(1, (sms * per_sm) // CLUSTER - 2)
 
 
 # ------------------------------------------------------------------------------ host wrapper
@@ -230,26 +258,33 @@ def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, o
 
 
 def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
-                      out: torch.Tensor | None = None, *, stages: int | None = None):
+                      out: torch.Tensor | None = None, *, stages: int | None = None,
+                      per_sm: int | None = None, max_clusters: int | None = None):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream."""
     import numpy as np
 
-    from moebench.kernels.cuda_build import bind_launch
+    from moebench.kernels.cuda_build import _raise_shared_limit, bind_launch
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
     bm, K = dims["block_m"], dims["K"]
-    stages = choose_stages(bm, K) if stages is None else stages
+    per_sm = ctas_per_sm(bm) if per_sm is None else per_sm
+    stages = choose_stages(bm, K, per_sm) if stages is None else stages
     smem = shared_bytes(bm, stages, K)
-    _need(2 <= stages <= 8 and smem <= SMEM_PER_CTA, f"stages={stages} needs {smem} B of shared memory")
-    module = build_fused(bm, stages)
+    _need(2 <= stages <= 10 and smem <= SMEM_PER_CTA, f"stages={stages} needs {smem} B of shared memory")
+    module = build_fused(bm, stages, per_sm)
     kernel = module.kernel(KERNEL_NAME, x.device.index)
-    grid = (CLUSTER * launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"]), dims["I"] // GROUP, 1)
+    _raise_shared_limit(kernel, smem, x.device.index)
+    G = dims["I"] // GROUP
+    max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
+    clusters = min(resident_clusters(kernel, smem, x.device.index, per_sm), max_blocks * G)
+    clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
+    grid = (CLUSTER * clusters, 1, 1)
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
                                    topk_weights, out)]
-    ints = (plan.num_slots, dims["top_k"], K, dims["E"])
+    ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
     args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
     # The cluster shape (8, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
     run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
@@ -259,7 +294,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
         _ = keep
         run()
 
-    return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid)
+    return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid, per_sm=per_sm,
+                                      max_blocks=max_blocks)
 
 
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
@@ -279,8 +315,8 @@ class CudaFusedArm(Arm):
     name = "cuda-fused"
     description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
 
-    def __init__(self, block_m: int | None = None, stages: int | None = None):
-        self.block_m, self.stages = block_m, stages
+    def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None):
+        self.block_m, self.stages, self.per_sm = block_m, stages, per_sm
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
@@ -302,14 +338,16 @@ class CudaFusedArm(Arm):
         bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
         plan = route_plan(fx.topk_ids, s.E, bm).to(fx.device)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
-                                                      stages=self.stages)
+                                                      stages=self.stages, per_sm=self.per_sm)
         res = module.resources(KERNEL_NAME)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
             "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": CLUSTER,
-            "threads": THREADS, "grid": list(dims["grid"]), "build": module.build.to_dict(),
+            "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],
+            "clusters": dims["grid"][0] // CLUSTER, "build": module.build.to_dict(),
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads,
         }
         return PreparedCall(arm=self.name, run=launch, output=out,
                             kernels=(KernelDecl("fused", r"moebench_fused_moe", 1),),
                             reset=out.zero_, identity=identity)
+

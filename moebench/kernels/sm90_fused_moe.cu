@@ -2,17 +2,30 @@
 //
 //   out[t] += w[t,k] * down_e( requant128( silu(gate_e(x_t)) * up_e(x_t) ) ),  e = ids[t,k]
 //
-// Work split. One thread-block cluster of 8 CTAs per (route-plan block, requant group g of
-// 128 intermediate columns). CTA c of the cluster
+// Work split. A work item is one (route-plan block, requant group g of 128 intermediate
+// columns); it belongs to one thread-block cluster of 8 CTAs. CTA c of the cluster
 //   GEMM1  streams 16 gate rows and 16 up rows of w1[e] (rows 128g+16c.., I+128g+16c..) over
 //          the full K: 32*K bytes; h = x . w1^T with 128x128 block scales, FP32;
-//   SwiGLU a = silu(h_gate) * h_up for its 16 columns, and writes them into the shared memory
-//          of all 8 CTAs of the cluster (DSMEM), so every CTA holds the group's 128 columns;
+//   SwiGLU a = silu(h_gate) * h_up for its 16 columns, stored with st.async into the shared
+//          memory of all 8 CTAs (DSMEM), completing on each one's mbarrier: every CTA holds
+//          the group's 128 columns;
 //   requant per token over the 128 columns (scale = max(amax/448, 1e-10)), FP8 codes, on chip;
 //   GEMM2  streams rows [c*K/8, (c+1)*K/8) of w2[e] restricted to group g: 16*K bytes, and
-//          adds route_weight * y into the BF16 output with bf16x2 reductions.
-// Every CTA streams the same 48*K weight bytes, so the bytes in flight cover the chip even
-// when only a few dozen experts are routed (A8: ~58 blocks x 8 CTAs).
+//          adds route_weight * y into the BF16 output with v4.bf16x2 reductions (8 columns).
+// Persistent grid: as many clusters as fit on the GPU at once (the host asks the driver), and
+// cluster q takes items q, q + clusters, ... (all 8 CTAs see the same sequence). Every item
+// streams the same 48*K bytes per CTA, so a static stride balances as well as a queue.
+//
+// Warp roles: warps 0-7 compute (no __syncthreads in the loop: named barrier 1 among them);
+// warp 8 is the producer. It reads each item's route-plan entries and scales into one of two
+// shared "meta" slots (full/empty mbarriers) and streams the item's weight chunks (and, for
+// GEMM1, the block's activation rows) into the ring with cp.async.bulk, running ahead across
+// item boundaries, so HBM stays busy through every SwiGLU exchange and item change.
+// The DSMEM exchange needs no cluster barrier per item: writers st.async into the
+// readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
+// requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
+// waits on before its next item's stores. One cluster barrier at the start (remote
+// mbarriers initialised) and one at the end (no CTA leaves while others may write to it).
 //
 // Tensor cores: mma.sync m16n8k32 e4m3 in Swap-AB form: weights fill the 16-row A slot,
 // the block's tokens are the 8-column B operand (BLOCK_M/8 n-tiles). Compute is far below
@@ -26,16 +39,17 @@
 //     logical k 4t+j    of k-step s  <->  physical 32t + 8s + j
 //     logical k 16+4t+j of k-step s  <->  physical 32t + 8s + 4 + j
 // The stream is cut into 16 KB chunks (GEMM1: 4 k blocks of the 32 rows; GEMM2: 8 m-tiles
-// of 16 rows x 128), copied by cp.async.bulk into a ring of STAGES shared buffers that
-// complete on mbarriers; the activations of each GEMM1 chunk (BLOCK_M rows x 512 bytes,
-// gathered by token) travel the same way on a second set of mbarriers.
+// of 16 rows x 128) in a ring of STAGES buffers; the activation rows of a GEMM1 chunk land
+// in the same stage on the same mbarrier. Padding rows (no token) are never copied: the
+// activation ring is zeroed once at start, so a padding row holds zeros or another item's
+// (finite) activations, and its scale is 0: its accumulators stay 0 and nothing is written.
 //
 // Route plan: moe_align_block_size semantics. Blocks at or past the device-side padded total,
-// or whose expert id is outside [0, E), exit before touching anything; sentinel slots
-// (>= num_slots) are padding: their activation rows are zero and nothing is written for them.
+// or whose expert id is outside [0, E), are skipped; sentinel slots (>= num_slots) are
+// padding.
 //
 // Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8), STAGES (ring
-// depth), MIN_CTAS_PER_SM (register budget).
+// depth), MIN_CTAS_PER_SM (1 or 2: the register budget; the host sizes STAGES to match).
 
 #ifndef BLOCK_M
 #define BLOCK_M 8
@@ -43,20 +57,22 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
-#ifndef MIN_CTAS_PER_SM  // two CTAs an SM hide each other's set-up and cluster exchange
-#define MIN_CTAS_PER_SM (BLOCK_M <= 32 ? 2 : 1)
+#ifndef MIN_CTAS_PER_SM
+#define MIN_CTAS_PER_SM (BLOCK_M <= 16 ? 2 : 1)
 #endif
 
 #define CLUSTER 8              // CTAs per cluster: 8 x 16 intermediate columns = one group
-#define THREADS 256            // 8 warps
+#define CONSUMERS 256          // warps 0-7 compute
+#define THREADS 288            // + warp 8, the producer
 #define GROUP 128              // FP8 block-scale granularity
 #define CHUNK_BYTES 16384      // one ring stage of weights
 #define X_ROW 528              // shared row of activations: 512 bytes + 16 (no bank conflicts)
 #define AQ_ROW 144             // shared row of requantized intermediate: 128 bytes + 16
+#define STG_ROW 20             // epilogue staging row (floats): 16 + 4, conflict-free
 #define NT (BLOCK_M / 8)       // mma n-tiles per block
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 64, "BLOCK_M: a multiple of 8, at most 64");
-static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in [2, 8]");
+static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -114,12 +130,43 @@ __device__ __forceinline__ void cluster_wait_acquire() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// Store one float into the shared memory of CTA `rank` of this cluster, at the offset of
-// the local address `local`.
-__device__ __forceinline__ void st_cluster_f32(u32 local, u32 rank, float v) {
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+// As mbar_wait, acquiring at cluster scope: for data other CTAs stored with st.async.
+__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+// The shared::cluster address of the local shared address `local` in CTA `rank`.
+__device__ __forceinline__ u32 mapa(u32 local, u32 rank) {
     u32 remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+    return remote;
+}
+
+// 16 bytes into another CTA's shared memory, completing (bytes) on its mbarrier `rbar`.
+__device__ __forceinline__ void st_async_v4(u32 raddr, float4 v, u32 rbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 :: "r"(raddr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rbar) : "memory");
+}
+
+// Arrive on an mbarrier of another CTA of the cluster. Relaxed: it only says "my reads of
+// afull are done", and those reads already produced the values this CTA stored since (a
+// release would wait for this thread's BF16 reductions in flight: MEMBAR.GPU per item).
+__device__ __forceinline__ void mbar_arrive_remote(u32 rbar) {
+    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(rbar) : "memory");
+}
+
+__device__ __forceinline__ void named_sync_consumers() {
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
 }
 
 // D += A(16x32 e4m3, row) * B(32x8 e4m3, col), FP32 accumulators.
@@ -147,11 +194,15 @@ __device__ __forceinline__ u32 pack_e4m3x4(float x0, float x1, float x2, float x
     return static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
 }
 
-// out[0] += lo, out[1] += hi as one bf16x2 reduction in L2.
-__device__ __forceinline__ void red_add_bf16x2(unsigned short* out, float lo, float hi) {
-    u32 packed;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-    asm volatile("red.global.add.noftz.bf16x2 [%0], %1;" :: "l"(out), "r"(packed) : "memory");
+// out[0..7] += v[0..7] as one 16-byte v4.bf16x2 reduction in L2 (out 16-byte aligned).
+__device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, float4 hi) {
+    u32 p0, p1, p2, p3;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p0) : "f"(lo.y), "f"(lo.x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p1) : "f"(lo.w), "f"(lo.z));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p2) : "f"(hi.y), "f"(hi.x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p3) : "f"(hi.w), "f"(hi.z));
+    asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};"
+                 :: "l"(out), "r"(p0), "r"(p1), "r"(p2), "r"(p3) : "memory");
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
@@ -159,19 +210,39 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 // ------------------------------------------------------------------------------ shared layout
 // Offsets in bytes from the dynamic shared base; fused_arm.py mirrors this (shared_bytes()).
 //   ring   STAGES x 16 KB          weight chunks
-//   xring  STAGES x BLOCK_M x 528  activation chunks; after GEMM1 reused for the cross-warp
-//                                  partial sums (8 x 16 x BLOCK_M floats) and the FP8
-//                                  intermediate (BLOCK_M x 144 bytes)
-//   afull  BLOCK_M x 128 floats    the group's SwiGLU output, written by all 8 CTAs
-//   xs     KB x BLOCK_M floats     activation scales, [k block][token]
-//   w1s    2 x KB floats           gate / up block scales of this CTA's rows
-//   w2s    KB floats               down block scales of column group g, by row block
-//   tok, rw, tmul  BLOCK_M each    token index (-1: padding), route weight, requant scale * rw
-//   bars   2 x STAGES x 8 bytes    full (weights) and xfull (activations) mbarriers
+//   xring  STAGES x BLOCK_M x 528  activation rows of GEMM1 chunks
+//   afull  BLOCK_M x 128 floats    the group's SwiGLU output, stored by all 8 CTAs
+//   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums
+//   aq     BLOCK_M x 144 bytes     the FP8 intermediate
+//   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
+//   meta   2 x META bytes          per item: expert, group, block; token, route weight,
+//                                  requant scale x route weight [BLOCK_M]; activation scales
+//                                  [KB][BLOCK_M]; gate/up scales [2][KB]; down scales [KB]
+//   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty
+
+__host__ __device__ constexpr u32 meta_bytes(int KB) {
+    return (16 + 3 * BLOCK_M * 4 + KB * BLOCK_M * 4 + 3 * KB * 4 + 15) & ~15u;
+}
+
+struct Meta {
+    int* hdr; int* tok; float* rw; float* tmul; float* xs; float* w1s; float* w2s;
+};
+
+__device__ __forceinline__ Meta meta_at(u8* p, int KB) {
+    Meta m;
+    m.hdr = reinterpret_cast<int*>(p);
+    m.tok = reinterpret_cast<int*>(p + 16);
+    m.rw = reinterpret_cast<float*>(p + 16 + BLOCK_M * 4);
+    m.tmul = reinterpret_cast<float*>(p + 16 + 2 * BLOCK_M * 4);
+    m.xs = reinterpret_cast<float*>(p + 16 + 3 * BLOCK_M * 4);
+    m.w1s = m.xs + KB * BLOCK_M;
+    m.w2s = m.w1s + 2 * KB;
+    return m;
+}
 
 struct Smem {
-    u8* ring; u8* xring; float* red; u8* aq; float* afull; float* xs; float* w1s; float* w2s;
-    int* tok; float* rw; float* tmul; u32 full; u32 xfull; u32 bytes;
+    u8* ring; u8* xring; float* afull; float* red; u8* aq; float* stg; u8* meta;
+    u32 full; u32 empty; u32 mfull; u32 mempty; u32 abar; u32 aempty; u32 bytes;
 };
 
 __device__ __forceinline__ Smem carve(u8* base, int KB) {
@@ -179,18 +250,18 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
     u32 off = 0;
     s.ring = base + off;   off += STAGES * CHUNK_BYTES;
     s.xring = base + off;  off += STAGES * BLOCK_M * X_ROW;
-    s.red = reinterpret_cast<float*>(s.xring);
-    s.aq = s.xring + 8 * 16 * BLOCK_M * 4;
     s.afull = reinterpret_cast<float*>(base + off);  off += BLOCK_M * GROUP * 4;
-    s.xs = reinterpret_cast<float*>(base + off);     off += KB * BLOCK_M * 4;
-    s.w1s = reinterpret_cast<float*>(base + off);    off += 2 * KB * 4;
-    s.w2s = reinterpret_cast<float*>(base + off);    off += KB * 4;
-    s.tok = reinterpret_cast<int*>(base + off);      off += BLOCK_M * 4;
-    s.rw = reinterpret_cast<float*>(base + off);     off += BLOCK_M * 4;
-    s.tmul = reinterpret_cast<float*>(base + off);   off += BLOCK_M * 4;
-    off = (off + 7) & ~7u;
+    s.red = reinterpret_cast<float*>(base + off);    off += 8 * 16 * BLOCK_M * 4;
+    s.aq = base + off;                               off += BLOCK_M * AQ_ROW;
+    off = (off + 15) & ~15u;
+    s.stg = reinterpret_cast<float*>(base + off);    off += 8 * 8 * STG_ROW * 4;
+    s.meta = base + off;                             off += 2 * meta_bytes(KB);
     s.full = smem_u32(base + off);                   off += STAGES * 8;
-    s.xfull = smem_u32(base + off);                  off += STAGES * 8;
+    s.empty = smem_u32(base + off);                  off += STAGES * 8;
+    s.mfull = smem_u32(base + off);                  off += 2 * 8;
+    s.mempty = smem_u32(base + off);                 off += 2 * 8;
+    s.abar = smem_u32(base + off);                   off += 8;
+    s.aempty = smem_u32(base + off);                 off += 8;
     s.bytes = off;
     return s;
 }
@@ -210,211 +281,267 @@ moebench_fused_moe(
     const int* __restrict__ num_tokens_post_padded, const float* __restrict__ topk_weights,
     // BF16 output [M, K], accumulated into
     unsigned short* __restrict__ out,
-    int num_slots, int top_k, int K, int E)
+    // max_blocks: plan blocks any routing can fill (the host's bound on expert_ids reads);
+    // G: requant groups of the intermediate (I / 128)
+    int num_slots, int top_k, int K, int E, int max_blocks, int G)
 {
     extern __shared__ __align__(128) u8 smem_base[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
-    const int block = blockIdx.x / CLUSTER;
     const u32 rank = cluster_ctarank();
-    const int g = blockIdx.y, G = gridDim.y;  // requant group of the intermediate, group count
+    const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
     const int KB = K / GROUP;
-
-    // The whole cluster leaves together, before any cluster barrier, when its block is
-    // padding or garbage past the padded total.
-    if (block * BLOCK_M >= __ldg(num_tokens_post_padded)) return;
-    const int e = __ldg(expert_ids + block);
-    if (e < 0 || e >= E) return;
+    const int n1 = (KB + 3) / 4;        // GEMM1 chunks: 4 k blocks x 32 rows
+    const int n2 = (KB + 7) / 8;        // GEMM2 chunks: 8 m-tiles x 16 rows (K/8 rows = KB m-tiles)
+    const int total = n1 + n2;
+    const u32 MB = meta_bytes(KB);
 
     Smem sm = carve(smem_base, KB);
     if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
 
-    const int n1 = (KB + 3) / 4;        // GEMM1 chunks: 4 k blocks x 32 rows
-    const int n2 = (KB + 7) / 8;        // GEMM2 chunks: 8 m-tiles x 16 rows (K/8 rows = KB m-tiles)
-    const int total = n1 + n2;
-    const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
-    const u8* w1_cta = w1f + cta * 32 * static_cast<size_t>(K);   // 32 rows x K
-    const u8* w2_cta = w2f + cta * 16 * static_cast<size_t>(K);   // K/8 rows x 128
-
-    auto issue_weights = [&](int j) {
-        const int st = j % STAGES;
-        const u32 bytes = j < n1 ? min(4, KB - 4 * j) * 4096 : min(8, KB - 8 * (j - n1)) * 2048;
-        const u8* src = j < n1 ? w1_cta + static_cast<size_t>(j) * CHUNK_BYTES
-                               : w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES;
-        mbar_arrive_expect_tx(sm.full + 8 * st, bytes);
-        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), src, bytes, sm.full + 8 * st);
-    };
-    auto issue_acts = [&](int j) {  // GEMM1 chunks only: BLOCK_M rows x (128 x blocks) bytes
-        const int st = j % STAGES;
-        const u32 bytes = min(4, KB - 4 * j) * GROUP;
-        int valid = 0;
-        for (int r = 0; r < BLOCK_M; ++r) valid += sm.tok[r] >= 0;
-        mbar_arrive_expect_tx(sm.xfull + 8 * st, valid * bytes);
-        for (int r = 0; r < BLOCK_M; ++r) {
-            const int t = sm.tok[r];
-            if (t >= 0)
-                bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
-                          x + static_cast<size_t>(t) * K + j * 512, bytes, sm.xfull + 8 * st);
-        }
-    };
-
-    // ---- set-up: barriers and the first weight chunks as soon as the expert is known
     if (tid == 0) {
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(sm.full + 8 * st, 1);
-            mbar_init(sm.xfull + 8 * st, 1);
+            mbar_init(sm.empty + 8 * st, 8);         // one arrival per consumer warp
         }
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(sm.mfull + 8 * b, 32);         // the producer warp's lanes
+            mbar_init(sm.mempty + 8 * b, CONSUMERS);
+        }
+        mbar_init(sm.abar, 1);                       // local expect_tx; bytes from 8 CTAs
+        mbar_init(sm.aempty, CLUSTER);               // one arrival per reading CTA
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        for (int j = 0; j < min(STAGES, total); ++j) issue_weights(j);
     }
-    if (tid < BLOCK_M) {
-        const int slot = __ldg(sorted_token_ids + block * BLOCK_M + tid);
-        const bool valid = slot >= 0 && slot < num_slots;
-        sm.tok[tid] = valid ? slot / top_k : -1;
-        sm.rw[tid] = valid ? __ldg(topk_weights + slot) : 0.0f;
-    }
-    for (int i = tid; i < KB; i += THREADS) {
-        sm.w1s[i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
-        sm.w1s[KB + i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
-        sm.w2s[i] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
-    }
-    cluster_arrive_relaxed();  // "this CTA runs": waited on before the first DSMEM store
+    // The activation ring starts zeroed: padding rows are never copied (see the header).
+    for (int i = tid; i < STAGES * BLOCK_M * X_ROW / 16; i += THREADS)
+        reinterpret_cast<uint4*>(sm.xring)[i] = make_uint4(0, 0, 0, 0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
+    cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
 
-    if (tid == 0)
-        for (int j = 0; j < min(STAGES, n1); ++j) issue_acts(j);
-    for (int i = tid; i < KB * BLOCK_M; i += THREADS) {
-        const int kb = i / BLOCK_M, r = i % BLOCK_M, t = sm.tok[r];
-        sm.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
-    }
-    for (int i = tid; i < STAGES * BLOCK_M * 32; i += THREADS) {  // padding rows: zero, never copied
-        const int st = i / (BLOCK_M * 32), r = (i / 32) % BLOCK_M, q = i % 32;
-        if (sm.tok[r] < 0)
-            *reinterpret_cast<uint4*>(sm.xring + (st * BLOCK_M + r) * X_ROW + q * 16) = make_uint4(0, 0, 0, 0);
-    }
-    __syncthreads();
-
-    // ---- GEMM1: h[32 rows, BLOCK_M] over K. Warp w: rows of mt = w & 1 (gate, up), the
-    // k block w >> 1 of every chunk. Per chunk and warp: 2 KB of weights, 4*NT mma.
-    const int mt = warp & 1, kb_in_chunk = warp >> 1;
-    float acc[NT][4];
-    #pragma unroll
-    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-
-    int j = 0;
-    for (; j < n1; ++j) {
-        const int st = j % STAGES;
-        const u32 parity = (j / STAGES) & 1;
-        mbar_wait(sm.full + 8 * st, parity);
-        mbar_wait(sm.xfull + 8 * st, parity);
-        const int kb = 4 * j + kb_in_chunk;
-        if (kb < KB) {
-            const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * 2 + mt) * 2048 + lane * 16;
-            uint4 a[4];
-            #pragma unroll
-            for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
-            const float sw = sm.w1s[mt * KB + kb];
-            #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const u8* xb = sm.xring + (st * BLOCK_M + n * 8 + gq) * X_ROW + kb_in_chunk * GROUP + tq * 32;
-                const uint4 blo = *reinterpret_cast<const uint4*>(xb);
-                const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_block(p, a, blo, bhi);
-                const float s0 = sw * sm.xs[kb * BLOCK_M + n * 8 + 2 * tq];
-                const float s1 = sw * sm.xs[kb * BLOCK_M + n * 8 + 2 * tq + 1];
-                acc[n][0] += p[0] * s0;
-                acc[n][1] += p[1] * s1;
-                acc[n][2] += p[2] * s0;
-                acc[n][3] += p[3] * s1;
+    if (warp == 8) {
+        // ================================================================ producer warp
+        const int ntpp = __ldg(num_tokens_post_padded);
+        const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
+        const long items = static_cast<long>(max(nblocks, 0)) * G;
+        long w = cid;
+        u32 gc = 0;  // chunks issued
+        for (int n = 0;; ++n, w += ncl) {
+            int e = -1, g = 0, block = 0;
+            for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
+                block = static_cast<int>(w / G);
+                g = static_cast<int>(w - static_cast<long>(block) * G);
+                e = __ldg(expert_ids + block);
+                if (e >= 0 && e < E) break;
+                e = -1;
             }
+            const int slot = n & 1;
+            mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
+            const Meta m = meta_at(sm.meta + slot * MB, KB);
+            if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; m.hdr[2] = block; }
+            if (e < 0) {
+                __syncwarp();
+                mbar_arrive(sm.mfull + 8 * slot);
+                break;
+            }
+            for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
+                const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
+                const bool valid = s >= 0 && s < num_slots;
+                m.tok[r] = valid ? s / top_k : -1;
+                m.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
+            }
+            __syncwarp();
+            const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
+            const u8* w1_cta = w1f + cta * 32 * static_cast<size_t>(K);   // 32 rows x K
+            const u8* w2_cta = w2f + cta * 16 * static_cast<size_t>(K);   // K/8 rows x 128
+            auto issue = [&](int j) {
+                const u32 st = gc % STAGES;
+                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
+                if (j < n1) {
+                    const u32 wbytes = min(4, KB - 4 * j) * 4096;
+                    const u32 abytes = min(4, KB - 4 * j) * GROUP;
+                    int valid = 0;
+                    for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
+                        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                                  wbytes, sm.full + 8 * st);
+                    }
+                    for (int r = lane; r < BLOCK_M; r += 32) {
+                        const int t = m.tok[r];
+                        if (t >= 0)
+                            bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
+                                      x + static_cast<size_t>(t) * K + j * 512, abytes, sm.full + 8 * st);
+                    }
+                } else if (lane == 0) {
+                    const u32 wbytes = min(8, KB - 8 * (j - n1)) * 2048;
+                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+                }
+                ++gc;
+            };
+            // The first item's first chunks go out before its scales are read (the ring is free).
+            const int pre = n == 0 ? min(STAGES, total) : 0;
+            for (int j = 0; j < pre; ++j) issue(j);
+            for (int i = lane; i < KB * BLOCK_M; i += 32) {
+                const int kb = i / BLOCK_M, r = i % BLOCK_M, t = m.tok[r];
+                m.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
+            }
+            for (int i = lane; i < KB; i += 32) {
+                m.w1s[i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
+                m.w1s[KB + i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
+                m.w2s[i] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
+            }
+            __syncwarp();
+            mbar_arrive(sm.mfull + 8 * slot);
+            for (int j = pre; j < total; ++j) issue(j);
         }
-        __syncthreads();  // stage st is free
-        if (tid == 0 && j + STAGES < total) {
-            issue_weights(j + STAGES);
-            if (j + STAGES < n1) issue_acts(j + STAGES);
-        }
-    }
+        cluster_wait_acquire();
+    } else {
+        // ================================================================ consumer warps
+        const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
+        const int mt = warp & 1, kb_in_chunk = warp >> 1;
+        const int row0 = rank * (K / CLUSTER);
+        u32 gc = 0;  // chunks consumed
+        bool joined = false;
+        for (int n = 0;; ++n) {
+            const int slot = n & 1;
+            mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
+            const Meta m = meta_at(sm.meta + slot * MB, KB);
+            if (m.hdr[0] < 0) break;
 
-    // ---- reduce the four k-block partials per row, SwiGLU, all-gather in the cluster
-    #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        float* r = sm.red + (warp * 16 + gq) * BLOCK_M + n * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(r) = make_float2(acc[n][0], acc[n][1]);
-        *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[n][2], acc[n][3]);
-    }
-    __syncthreads();
-    cluster_wait_acquire();  // every CTA of the cluster is running: DSMEM is safe to write
-    for (int i = tid; i < 16 * BLOCK_M; i += THREADS) {
-        const int row = i / BLOCK_M, t = i % BLOCK_M;
-        float hg = 0.0f, hu = 0.0f;
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            hg += sm.red[((2 * q) * 16 + row) * BLOCK_M + t];
-            hu += sm.red[((2 * q + 1) * 16 + row) * BLOCK_M + t];
-        }
-        const float a = silu(hg) * hu;
-        const u32 dst = smem_u32(sm.afull + t * GROUP + rank * 16 + row);
-        #pragma unroll
-        for (int c = 0; c < CLUSTER; ++c) st_cluster_f32(dst, c, a);
-    }
-    cluster_arrive_release();
-    cluster_wait_acquire();  // the group's 128 columns are in every CTA
-
-    // ---- requant per token over the group: warp w takes tokens w, w+8, ...
-    for (int t = warp; t < BLOCK_M; t += 8) {
-        const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
-        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float scale = fmaxf(amax / 448.0f, 1e-10f);
-        *reinterpret_cast<u32*>(sm.aq + t * AQ_ROW + lane * 4) =
-            pack_e4m3x4(v.x / scale, v.y / scale, v.z / scale, v.w / scale);
-        if (lane == 0) sm.tmul[t] = scale * sm.rw[t];
-    }
-    __syncthreads();
-
-    // ---- GEMM2: y[K/8 rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
-    // Warp w: m-tile w of every chunk (16 rows); per chunk and warp 2 KB, 4*NT mma.
-    const int row0 = rank * (K / CLUSTER);
-    for (; j < total; ++j) {
-        const int st = j % STAGES;
-        const u32 parity = (j / STAGES) & 1;
-        mbar_wait(sm.full + 8 * st, parity);
-        const int m = 8 * (j - n1) + warp;  // m-tile within this CTA's rows
-        if (m < KB) {
-            const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;
-            uint4 a[4];
+            // ---- GEMM1: h[32 rows, BLOCK_M] over K. Warp w: rows of mt = w & 1 (gate, up), the
+            // k block w >> 1 of every chunk. Per chunk and warp: 2 KB of weights, 4*NT mma.
+            float acc[NT][4];
             #pragma unroll
-            for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
-            const int row = row0 + m * 16 + gq;  // this lane's rows: row, row + 8
-            const float sw = sm.w2s[row / GROUP];
-            const bool odd = gq & 1;
+            for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+            for (int j = 0; j < n1; ++j, ++gc) {
+                const u32 st = gc % STAGES;
+                mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
+                const int kb = 4 * j + kb_in_chunk;
+                if (kb < KB) {
+                    const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * 2 + mt) * 2048 + lane * 16;
+                    uint4 a[4];
+                    #pragma unroll
+                    for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
+                    const float sw = m.w1s[mt * KB + kb];
+                    #pragma unroll
+                    for (int t = 0; t < NT; ++t) {
+                        const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + kb_in_chunk * GROUP + tq * 32;
+                        const uint4 blo = *reinterpret_cast<const uint4*>(xb);
+                        const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
+                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_block(p, a, blo, bhi);
+                        const float s0 = sw * m.xs[kb * BLOCK_M + t * 8 + 2 * tq];
+                        const float s1 = sw * m.xs[kb * BLOCK_M + t * 8 + 2 * tq + 1];
+                        acc[t][0] += p[0] * s0;
+                        acc[t][1] += p[1] * s1;
+                        acc[t][2] += p[2] * s0;
+                        acc[t][3] += p[3] * s1;
+                    }
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(sm.empty + 8 * st);  // this warp is done with stage st
+            }
+
+            // ---- the four k-block partials per row, SwiGLU, st.async to all 8 CTAs
             #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const u8* ab = sm.aq + (n * 8 + gq) * AQ_ROW + tq * 32;
-                const uint4 blo = *reinterpret_cast<const uint4*>(ab);
-                const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_block(p, a, blo, bhi);
-                const int t0 = n * 8 + 2 * tq, t1 = t0 + 1;
-                const float f0 = sw * sm.tmul[t0], f1 = sw * sm.tmul[t1];
-                const float v00 = p[0] * f0, v01 = p[1] * f1;  // (row, t0), (row, t1)
-                const float v10 = p[2] * f0, v11 = p[3] * f1;  // (row+8, t0), (row+8, t1)
-                // Pair rows (2i, 2i+1) of one token for a bf16x2 add: the even-row lane keeps
-                // token t0, the odd-row lane (lane ^ 4) token t1; each sends the other its half.
-                const float got_lo = __shfl_xor_sync(0xffffffffu, odd ? v00 : v01, 4);
-                const float got_hi = __shfl_xor_sync(0xffffffffu, odd ? v10 : v11, 4);
-                const int tok = sm.tok[odd ? t1 : t0];
-                if (tok >= 0) {
-                    unsigned short* o = out + static_cast<size_t>(tok) * K + (odd ? row - 1 : row);
-                    red_add_bf16x2(o, odd ? got_lo : v00, odd ? v01 : got_lo);
-                    red_add_bf16x2(o + 8, odd ? got_hi : v10, odd ? v11 : got_hi);
+            for (int t = 0; t < NT; ++t) {
+                float* r = sm.red + (warp * 16 + gq) * BLOCK_M + t * 8 + 2 * tq;
+                *reinterpret_cast<float2*>(r) = make_float2(acc[t][0], acc[t][1]);
+                *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[t][2], acc[t][3]);
+            }
+            named_sync_consumers();
+            if (!joined) { cluster_wait_acquire(); joined = true; }  // every CTA's barriers exist
+            if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
+            if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
+            {
+                const u32 dst_rank = warp;  // warp w stores into CTA w
+                const u32 rbar = mapa(sm.abar, dst_rank);
+                for (int i = lane; i < BLOCK_M * 4; i += 32) {
+                    const int t = i >> 2, q = i & 3;  // token, 4 of this CTA's 16 columns
+                    float a[4];
+                    #pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const int row = 4 * q + c;
+                        float hg = 0.0f, hu = 0.0f;
+                        #pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            hg += sm.red[((2 * k) * 16 + row) * BLOCK_M + t];
+                            hu += sm.red[((2 * k + 1) * 16 + row) * BLOCK_M + t];
+                        }
+                        a[c] = silu(hg) * hu;
+                    }
+                    const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * 16 + 4 * q), dst_rank);
+                    st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
                 }
             }
+            mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
+
+            // ---- requant per token over the group: warp w takes tokens w, w+8, ...
+            for (int t = warp; t < BLOCK_M; t += 8) {
+                const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
+                float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+                #pragma unroll
+                for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                const float scale = fmaxf(amax / 448.0f, 1e-10f);
+                *reinterpret_cast<u32*>(sm.aq + t * AQ_ROW + lane * 4) =
+                    pack_e4m3x4(v.x / scale, v.y / scale, v.z / scale, v.w / scale);
+                if (lane == 0) m.tmul[t] = scale * m.rw[t];
+            }
+            named_sync_consumers();
+            if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));  // afull may be refilled
+
+            // ---- GEMM2: y[K/8 rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
+            // Warp w: m-tile w of every chunk (16 rows); per chunk and warp 2 KB, 4*NT mma.
+            float* stg = sm.stg + warp * 8 * STG_ROW;
+            for (int j = n1; j < total; ++j, ++gc) {
+                const u32 st = gc % STAGES;
+                mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
+                const int mtile = 8 * (j - n1) + warp;  // m-tile within this CTA's rows
+                if (mtile < KB) {
+                    const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;
+                    uint4 a[4];
+                    #pragma unroll
+                    for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
+                    const int rbase = row0 + mtile * 16;  // the tile's 16 rows share one scale block
+                    const float sw = m.w2s[rbase / GROUP];
+                    #pragma unroll
+                    for (int t = 0; t < NT; ++t) {
+                        const u8* ab = sm.aq + (t * 8 + gq) * AQ_ROW + tq * 32;
+                        const uint4 blo = *reinterpret_cast<const uint4*>(ab);
+                        const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
+                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_block(p, a, blo, bhi);
+                        // C fragment: (row gq, token 2tq), (gq, 2tq+1), (gq+8, 2tq), (gq+8, 2tq+1).
+                        // Stage as [token][16 rows]; lane 2u+h then adds rows 8h..8h+7 of token u.
+                        const float f0 = sw * m.tmul[t * 8 + 2 * tq], f1 = sw * m.tmul[t * 8 + 2 * tq + 1];
+                        stg[(2 * tq) * STG_ROW + gq] = p[0] * f0;
+                        stg[(2 * tq + 1) * STG_ROW + gq] = p[1] * f1;
+                        stg[(2 * tq) * STG_ROW + gq + 8] = p[2] * f0;
+                        stg[(2 * tq + 1) * STG_ROW + gq + 8] = p[3] * f1;
+                        __syncwarp();
+                        if (lane < 16) {
+                            const int u = lane >> 1, h = lane & 1;
+                            const int tok = m.tok[t * 8 + u];
+                            if (tok >= 0) {
+                                const float* sv = stg + u * STG_ROW + 8 * h;
+                                red_add_bf16x8(out + static_cast<size_t>(tok) * K + rbase + 8 * h,
+                                               *reinterpret_cast<const float4*>(sv),
+                                               *reinterpret_cast<const float4*>(sv + 4));
+                            }
+                        }
+                        __syncwarp();
+                    }
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(sm.empty + 8 * st);
+            }
+            mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
         }
-        __syncthreads();
-        if (tid == 0 && j + STAGES < total) issue_weights(j + STAGES);
+        if (!joined) cluster_wait_acquire();
     }
+    // No CTA leaves while another may still store into its shared memory or barriers.
+    cluster_arrive_release();
+    cluster_wait_acquire();
 }
