@@ -15,6 +15,7 @@ kernel's registers, shared memory and spills); loading a kernel and launching do
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import hashlib
 import io
@@ -307,14 +308,76 @@ def _torch_device_index(device: int | None) -> int:
 _MEMO: dict[str, CudaModule] = {}
 
 
+# ---------------------------------------------------------------------------- source overrides
+
+@dataclass(frozen=True)
+class SourceOverride:
+    """Compile `path` (its directory searched first for local headers), with `defines` added,
+    wherever code asks compile_source for the built-in source named `source_name`. This is
+    how `--build` times one arm family from another source without touching the arm."""
+
+    source_name: str  # e.g. "sm90_fused_moe.cu": matched against the requested file's name
+    path: Path
+    defines: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class _OverrideScope:
+    overrides: dict[str, SourceOverride]
+    used: list[CudaBuild] = field(default_factory=list)  # every build an override applied to
+
+
+_OVERRIDE: contextvars.ContextVar[_OverrideScope | None] = contextvars.ContextVar("moebench_source_override",
+                                                                                   default=None)
+
+
+@contextlib.contextmanager
+def source_override(*overrides: SourceOverride):
+    """Within the block, compile_source substitutes each override's file for its source name.
+    Yields the list of CudaBuilds compiled (or found cached) under an override, so a caller can
+    check that the code it ran really went through the override."""
+    scope = _OverrideScope({o.source_name: o for o in overrides})
+    token = _OVERRIDE.set(scope)
+    try:
+        yield scope.used
+    finally:
+        _OVERRIDE.reset(token)
+
+
+def _apply_override(source, defines: dict[str, str]):
+    """(source, defines, scope) with the active override for this source, if any."""
+    scope = _OVERRIDE.get()
+    if scope is None or not (isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source)):
+        return source, defines, None
+    o = scope.overrides.get(Path(source).name)
+    if o is None:
+        return source, defines, None
+    clash = sorted(k for k, _ in o.defines if k in defines)
+    if clash:
+        from moebench.errors import UserError
+        raise UserError(f"define {', '.join(clash)} is set by the arm itself for {o.source_name}; "
+                        "change it through the arm's options, not --define")
+    return o.path, {**defines, **dict(o.defines)}, scope
+
+
 def compile_source(source: str | os.PathLike, *, defines: dict[str, str] | None = None,
                    name_expressions: tuple[str, ...] = (), arch: str = DEFAULT_ARCH,
                    extra_flags: tuple[str, ...] = (), name: str | None = None,
                    use_cache: bool = True) -> CudaModule:
     """Compile a .cu file (a path, or a file name in moebench/kernels/) or source text for
-    `arch`, through the on-disk cache. Needs no GPU."""
-    text, name, search = _resolve_source(source, name)
+    `arch`, through the on-disk cache. Needs no GPU. Inside `source_override`, a file with an
+    overridden name compiles from the override's path and defines instead."""
     defines = {str(k): str(v) for k, v in (defines or {}).items()}
+    source, defines, scope = _apply_override(source, defines)
+    module = _compile_cached(source, defines, name_expressions, arch, extra_flags, name, use_cache)
+    if scope is not None:
+        scope.used.append(module.build)
+    return module
+
+
+def _compile_cached(source, defines: dict[str, str], name_expressions, arch, extra_flags, name,
+                    use_cache) -> CudaModule:
+    text, name, search = _resolve_source(source, name)
     flags = tuple(BASE_FLAGS) + tuple(extra_flags)
     headers = local_headers(text, search)
     nvrtc = nvrtc_version()
