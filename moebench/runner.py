@@ -19,7 +19,9 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry, build_fixture
 from moebench.fixtures.summary import fixture_summary
-from moebench.kernels.arm import make_arms
+from moebench.kernels.arm import ArmFactory, make_arms
+from moebench.kernels.builds import build_arm_factories, compare_outputs, resolve_builds
+from moebench.kernels.external import external_arm_factories
 from moebench.kernels.parity import References, check_parity
 from moebench.results import schema as S
 from moebench.results.provenance import provenance, utc_now
@@ -56,16 +58,43 @@ class RunRequest:
     command: tuple[str, ...] = ()
     measure_bandwidth: bool = True
     arm_options: dict = field(default_factory=dict)  # e.g. {"triton_config": path}, to the arms that take them
+    builds: tuple[str, ...] = ()  # `--build NAME=PATH | NAME=git:REV[:PATH]`: arms ARM@NAME
+    build_arm: str | None = None  # the arm the builds are sources of, when the file name does not say
+    defines: tuple[str, ...] = ()  # `--define NAME:KEY=VALUE`, per build
+    external_arms: tuple[str, ...] = ()  # `--arm NAME=module:factory`
 
     @property
     def ref_arm(self) -> str:
         return self.ref or self.arms[0]
 
 
+@dataclass(frozen=True)
+class ArmPlan:
+    """This run's own arms beside the registry: builds (ARM@NAME) and external arms."""
+
+    factories: dict[str, ArmFactory] = field(default_factory=dict)
+    build_arms: tuple[str, ...] = ()
+    build_base: str | None = None  # the build the others' outputs are compared with
+
+
+def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
+    """Resolve `--build` and `--arm` (files read, revisions pinned, names checked) and return
+    the request with their arms appended to `arms` (unless named there already) and a `--ref`
+    that names a build mapped to its arm."""
+    builds = resolve_builds(req.builds, req.defines, req.build_arm)
+    factories = {**build_arm_factories(builds), **external_arm_factories(req.external_arms)}
+    names = list(req.arms) + [n for n in factories if n not in req.arms]
+    by_build = {b.name: b.arm_name for b in builds}
+    ref = by_build.get(req.ref, req.ref) if req.ref not in names else req.ref
+    build_arms = tuple(b.arm_name for b in builds)
+    base = ref if ref in build_arms else (build_arms[0] if build_arms else None)
+    return replace(req, arms=tuple(names), ref=ref), ArmPlan(factories, build_arms, base)
+
+
 def validate(req: RunRequest) -> None:
     """User mistakes in the request, as UserError (before any GPU work)."""
     if not req.arms:
-        raise UserError("no arm given")
+        raise UserError("no arm given: name them with --arms (or add --build / --arm)")
     if not req.shapes:
         raise UserError("no shape given")
     if req.ref is not None and req.ref not in req.arms:
@@ -159,13 +188,17 @@ class Prepared:
     declared: dict[tuple[str, str], tuple[S.DeclaredKernel, ...]]
     hbm_bytes: dict[str, int]
     keep_alive: list = field(default_factory=list)
+    build_parity: list[S.BuildParity] = field(default_factory=list)
 
 
-def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = lambda m: None) -> Prepared:
+def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = lambda m: None,
+            plan: ArmPlan | None = None) -> Prepared:
     """Fixtures on `device`, every arm prepared and checked against the oracle. An arm
-    that fails parity stops the run: it is never timed."""
+    that fails parity stops the run: it is never timed. Builds' outputs are then compared
+    with the base build's, bit for bit."""
+    plan = plan or ArmPlan()
     specs = resolve_specs(req)
-    arms = make_arms(req.arms, req.arm_options)
+    arms = make_arms(req.arms, req.arm_options, plan.factories)
     for arm in arms:
         why = arm.unavailable_reason(device)
         if why:
@@ -178,6 +211,7 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
         p.fixtures.append(_fixture_info(summary))
         p.hbm_bytes[spec.name] = summary["floors"]["hbm_bytes"]
         refs = References(fx)
+        build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
             log(f"{spec.name}: preparing {arm.name}")
             call = arm.prepare(fx)
@@ -193,10 +227,24 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
             p.arms.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
             p.units.append(Unit(spec.name, arm.name, call.run, call.reset))
             p.keep_alive.append(call)
-        del refs
+            if arm.name in plan.build_arms:
+                build_outputs[arm.name] = call.output.detach().clone()  # as parity's run left it
+        p.build_parity.extend(_build_parity(spec.name, build_outputs, plan.build_base))
+        del refs, build_outputs
     if failures:
         raise RunFailed("parity failed, not timing: " + "; ".join(failures))
     return p
+
+
+def _build_parity(shape: str, outputs: dict[str, torch.Tensor], base: str | None) -> list[S.BuildParity]:
+    if base not in outputs:
+        return []
+    out = []
+    for name, output in outputs.items():
+        if name != base:
+            d = compare_outputs(output, outputs[base])
+            out.append(S.BuildParity(shape, name, base, d.bitwise_equal, _finite(d.max_abs_diff), d.mismatched))
+    return out
 
 
 def _finite(x: float) -> float:
@@ -231,7 +279,7 @@ def assemble(req: RunRequest, backend: TimingBackend, prep: Prepared, out: Engin
              bandwidth: float | None, options: dict, started_at: str) -> S.RunResult:
     timer_name = req.timer
     audit = audit_samples(out.samples, prep.declared, out.kernels, out.dropped_by_round, timer_name)
-    shapes = tuple(f.name for f in prep.fixtures)
+    shapes = tuple(f.name for f in prep.fixtures) or req.shapes  # moebench.bench has no fixtures
     summaries, ratios = summarize(out.samples, shapes, req.arms, req.ref_arm, prep.hbm_bytes, bandwidth)
     gpu = backend.gpu
     if gpu is not None:
@@ -239,12 +287,21 @@ def assemble(req: RunRequest, backend: TimingBackend, prep: Prepared, out: Engin
     settings = S.Settings(shapes=shapes, arms=tuple(req.arms), ref=req.ref_arm, rounds=req.rounds,
                           samples=req.samples, warmup=req.warmup, flush=req.flush,
                           flush_bytes=backend.flush_bytes, timer=timer_name, balancedness=req.balancedness,
-                          options={k: v for k, v in {**req.arm_options, **options}.items() if v is not None})
+                          options={k: v for k, v in {**req.arm_options, **options, **_arm_sources(req)}.items()
+                                   if v is not None})
     return S.RunResult(
         schema_version=S.SCHEMA_VERSION, provenance=provenance(req.command, started_at, gpu),
         settings=settings, fixtures=tuple(prep.fixtures), arms=tuple(prep.arms), parity=tuple(prep.parity),
         samples=tuple(out.samples), clocks=tuple(out.clocks), audit=audit, summaries=summaries, ratios=ratios,
+        build_parity=tuple(prep.build_parity),
     )
+
+
+def _arm_sources(req: RunRequest) -> dict:
+    """`--build`, `--define`, `--build-arm` and `--arm` as given, when given."""
+    given = {"builds": list(req.builds), "defines": list(req.defines), "build_arm": req.build_arm,
+             "external_arms": list(req.external_arms)}
+    return {k: v for k, v in given.items() if v}
 
 
 def result_filename(result: S.RunResult) -> str:
@@ -264,13 +321,14 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
         progress_factory=None) -> tuple[S.RunResult, Path]:
     """The whole pipeline. Returns the result and where it was saved. Raises UserError for
     a bad request, RunFailed for a parity failure; an audit failure is in the result."""
+    req, plan = plan_arms(req)
     validate(req)
     started_at = utc_now()
     if backend is None:
         resolve_specs(req)  # bad shape names before touching the GPU
-        make_arms(req.arms, req.arm_options)
+        make_arms(req.arms, req.arm_options, plan.factories)
         backend = cuda_backend(req)
-    prep = prepare(req, backend.device, log)
+    prep = prepare(req, backend.device, log, plan)
     total = req.rounds * len(prep.units) * req.samples
     if progress_factory is not None:
         with progress_factory(total) as advance:

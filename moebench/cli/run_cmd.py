@@ -34,9 +34,18 @@ def _progress(console: Console, total: int):
 @shape_option
 @shapes_file_option
 @balancedness_option
-@click.option("--arms", "arms", multiple=True, required=True, metavar="A[,A...]",
-              help="Arms to time, in the order odd rounds run them.")
-@click.option("--ref", default=None, help="Arm the ratios are taken against (default: the first).")
+@click.option("--arms", "arms", multiple=True, metavar="A[,A...]",
+              help="Arms to time, in the order odd rounds run them (builds and --arm arms follow).")
+@click.option("--build", "builds", multiple=True, metavar="NAME=PATH|NAME=git:REV[:PATH]",
+              help="Time the arm family of a CUDA source built from this file (or the file at a git "
+                   "revision of the repository you are in) as arm ARM@NAME; repeat to compare builds.")
+@click.option("--build-arm", default=None, metavar="ARM",
+              help="The arm the --build sources are for, when the file name does not say (cuda-gemm, cuda-swapab).")
+@click.option("--define", "defines", multiple=True, metavar="NAME:KEY=VALUE",
+              help="A preprocessor define for build NAME only.")
+@click.option("--arm", "external_arms", multiple=True, metavar="NAME=module:factory",
+              help="Your own arm: factory(fixture) returns the prepared call (README: bring your own arm).")
+@click.option("--ref", default=None, help="Arm (or build name) the ratios are taken against (default: the first).")
 @click.option("--rounds", type=int, default=5, show_default=True)
 @click.option("--samples", type=int, default=30, show_default=True, help="Per arm per round.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Per arm per round, untimed.")
@@ -47,15 +56,16 @@ def _progress(console: Console, total: int):
 @triton_config_option
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
-def run_command(shapes, shapes_file, balancedness, arms, ref, rounds, samples, warmup, flush, timer,
-                triton_config, out_dir):
+def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, defines, external_arms, ref, rounds,
+                samples, warmup, flush, timer, triton_config, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = Console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
-                     arms=tuple(parse_arm_list(list(arms))), ref=ref, rounds=rounds, samples=samples,
+                     arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,
                      warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
                      shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
-                     arm_options={"triton_config": triton_config})
+                     arm_options={"triton_config": triton_config}, builds=tuple(builds), build_arm=build_arm,
+                     defines=tuple(defines), external_arms=tuple(external_arms))
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))

@@ -48,6 +48,33 @@ class PreparedCall:
         return sum(k.count for k in self.kernels)
 
 
+def as_kernel_decls(items, where: str = "kernels") -> tuple[KernelDecl, ...]:
+    """KernelDecls from what users write: a KernelDecl, a regex string (count 1), or a
+    (label, pattern[, count]) tuple. At least one; each pattern a valid regex."""
+    if isinstance(items, (str, KernelDecl)):
+        items = [items]
+    out = []
+    for item in items or ():
+        if isinstance(item, KernelDecl):
+            decl = item
+        elif isinstance(item, str):
+            decl = KernelDecl(item, item, 1)
+        elif isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(isinstance(x, str) for x in item[:2]):
+            decl = KernelDecl(item[0], item[1], int(item[2]) if len(item) == 3 else 1)
+        else:
+            raise UserError(f"{where}: a kernel is a KernelDecl, a regex, or (label, pattern[, count]); got {item!r}")
+        try:
+            re.compile(decl.pattern)
+        except re.error as err:
+            raise UserError(f"{where}: kernel pattern {decl.pattern!r} is not a regex: {err}") from None
+        if decl.count < 1:
+            raise UserError(f"{where}: kernel {decl.label!r} count must be at least 1")
+        out.append(decl)
+    if not out:
+        raise UserError(f"{where}: declares no kernels (a sample must contain at least one)")
+    return tuple(out)
+
+
 class Arm(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
@@ -75,8 +102,11 @@ def register_arm(name: str):
 
 
 def load_builtin_arms() -> dict[str, ArmFactory]:
-    """Import the modules that register the built-in arms; returns the registry."""
+    """Import the modules that register the built-in arms, add the installed `moebench.arms`
+    entry points (lazily: each is imported when its arm is made); returns the registry."""
     import moebench.kernels.registry  # noqa: F401
+    from moebench.kernels.external import register_entry_point_arms
+    register_entry_point_arms(ARMS)
     return ARMS
 
 
@@ -87,10 +117,12 @@ def make_arm(name: str, **options) -> Arm:
     return arms[name](**options)
 
 
-def make_arms(names: list[str] | tuple[str, ...], options: dict | None = None) -> list[Arm]:
+def make_arms(names: list[str] | tuple[str, ...], options: dict | None = None,
+              extra: dict[str, ArmFactory] | None = None) -> list[Arm]:
     """The arms `names`, each given the options its factory accepts (`--triton-config` goes to
-    the Triton arms only). An option that no chosen arm accepts is a mistake, not ignored."""
-    arms = load_builtin_arms()
+    the Triton arms only). An option that no chosen arm accepts is a mistake, not ignored.
+    `extra` holds this run's own arms (builds, `--arm`), beside the registry."""
+    arms = {**load_builtin_arms(), **(extra or {})}
     for name in names:
         if name not in arms:
             raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")

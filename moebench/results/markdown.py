@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from moebench.results.index import ResultIndex, mbytes, mib, percent, ratio, tb_per_s, us
 from moebench.results.schema import RunResult, Settings
+from moebench.results.tables import build_parity_by_arm, build_parity_text
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ def _cell(text: str) -> str:
 def _summary_table(ix: ResultIndex) -> str:
     header = ["shape", "arm", "median µs", "rounds µs", "span µs", f"vs `{ix.ref}`", "range over rounds",
               "rounds won", "HBM-floor bandwidth", "of read BW"]
+    builds = build_parity_by_arm(ix.result)
+    if builds:
+        header.insert(8, f"output vs `{ix.result.build_parity[0].base}`")
     rows = []
     for shape in ix.shapes:
         for arm in ix.arms_at(shape):
@@ -101,9 +105,11 @@ def _summary_table(ix: ResultIndex) -> str:
             else:
                 cells += [f"**{ratio(r.median)}**", f"{ratio(r.low)}–{ratio(r.high)}",
                           f"{r.rounds_won}/{r.rounds}"]
+            if builds:
+                cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))
             cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
             rows.append(cells)
-    return _table(header, "llrrrrrrrr", rows)
+    return _table(header, "llrrrrrrrr" + ("r" if builds else ""), rows)
 
 
 def _per_round_table(ix: ResultIndex) -> str:

@@ -5,6 +5,7 @@ Saved as JSON with `schema_version`; `load` refuses any other version with one c
 Format history:
   1 (2026-11-29) first format: provenance, settings, fixtures, arms, parity, raw samples
     (CUPTI kernel records or event times), per-round clocks, audit, statistics.
+    Later defaulted fields (older files read with the default): build_parity (`--build`).
 """
 
 from __future__ import annotations
@@ -162,6 +163,18 @@ class ParityInfo:
 
 
 @dataclass(frozen=True)
+class BuildParity:
+    """One build's output against the base build's on the same fixture (`--build`)."""
+
+    shape: str
+    arm: str  # e.g. cuda-fused@new
+    base: str  # the build it is compared with (the ref if it is a build, else the first)
+    bitwise_equal: bool
+    max_abs_diff: float  # -1: not finite
+    mismatched: int  # output elements whose bits differ
+
+
+@dataclass(frozen=True)
 class ClockSample:
     round: int
     sm_mhz: int | None
@@ -236,6 +249,7 @@ class RunResult:
     summaries: tuple[ArmSummary, ...]
     ratios: tuple[RatioSummary, ...]
     format: str = FORMAT
+    build_parity: tuple[BuildParity, ...] = ()
 
 
 # --- plain data <-> records ------------------------------------------------------------

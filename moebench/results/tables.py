@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from moebench.results.schema import RunResult
+from moebench.results.schema import BuildParity, RunResult
 
 
 def _us(ns: float | None) -> str:
@@ -37,6 +37,20 @@ def audit_line(result: RunResult) -> str:
     state = "passed" if a.passed else "FAILED"
     drops = f", {a.dropped_records} dropped records" if a.dropped_records else ""
     return f"audit {state}: {a.samples_passed}/{a.samples_total} samples audited{drops}"
+
+
+def build_parity_text(p: BuildParity | None, arm: str, result: RunResult) -> str:
+    """A build's output against the base build's: 'bitwise equal' or the largest difference."""
+    if p is None:
+        return "base" if any(b.base == arm for b in result.build_parity) else "—"
+    if p.bitwise_equal:
+        return "bitwise equal"
+    size = "not finite" if p.max_abs_diff < 0 else f"{p.max_abs_diff:.3g}"
+    return f"max |Δ| {size} ({p.mismatched:,} differ)"
+
+
+def build_parity_by_arm(result: RunResult) -> dict[tuple[str, str], BuildParity]:
+    return {(p.shape, p.arm): p for p in result.build_parity}
 
 
 def summary_table(result: RunResult) -> Table:
@@ -73,13 +87,20 @@ def ratio_table(result: RunResult) -> Table | None:
     t.add_column("ratio", justify="right", style="bold")
     t.add_column("low–high", justify="right")
     t.add_column("rounds won", justify="right")
+    builds = build_parity_by_arm(result)
+    if builds:
+        base = result.build_parity[0].base
+        t.add_column(f"output vs {base}", justify="right")
     last_shape = None
     for r in result.ratios:
         if last_shape is not None and r.shape != last_shape:
             t.add_section()
         style = "green" if r.low > 1 else "red" if r.high < 1 else ""
-        t.add_row(r.shape if r.shape != last_shape else "", r.arm, f"[{style}]{r.median:.3f}[/]" if style
-                  else f"{r.median:.3f}", f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}")
+        cells = [r.shape if r.shape != last_shape else "", r.arm, f"[{style}]{r.median:.3f}[/]" if style
+                 else f"{r.median:.3f}", f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}"]
+        if builds:
+            cells.append(build_parity_text(builds.get((r.shape, r.arm)), r.arm, result))
+        t.add_row(*cells)
         last_shape = r.shape
     return t
 
