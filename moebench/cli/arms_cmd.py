@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from moebench.cli import cli
 from moebench.kernels.arm import load_builtin_arms
+from moebench.results.tables import make_console
 
 
 @cli.command()
@@ -21,4 +21,4 @@ def arms():
         arm = factory()
         reason = arm.unavailable_reason(device)
         t.add_row(name, getattr(arm, "description", ""), "[green]yes[/green]" if reason is None else reason)
-    Console().print(t)
+    make_console().print(t)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from moebench.cli import cli
 from moebench.errors import UserError
+from moebench.results.tables import make_console
 
 
 def _parse_defines(items: tuple[str, ...]) -> dict[str, str]:
@@ -58,7 +58,7 @@ def build(arm_names, sources, defines, as_json):
         click.echo(json.dumps([{"label": label, "cache_hit": m.cache_hit, **m.build.to_dict()}
                                for label, m in records], indent=2))
         return
-    console = Console()
+    console = make_console()
     for label, m in records:
         b = m.build
         defs = " ".join(f"{k}={v}" for k, v in b.defines) or "none"

@@ -6,13 +6,13 @@ import json
 import time
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from moebench.cli import cli
 from moebench.cli.common import balancedness_option, registry, shape_option, shapes_file_option
 from moebench.fixtures import build_fixture
 from moebench.fixtures.summary import fixture_summary
+from moebench.results.tables import make_console
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
 
@@ -33,7 +33,7 @@ def fixtures(shapes, shapes_file, balancedness, as_json):
     if as_json:
         click.echo(json.dumps(summaries, indent=2))
         return
-    console = Console()
+    console = make_console()
     for s in summaries:
         console.print(_fixture_table(s))
 

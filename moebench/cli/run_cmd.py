@@ -7,12 +7,23 @@ from contextlib import contextmanager
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from moebench.cli import cli
-from moebench.cli.common import balancedness_option, shape_option, shapes_file_option, triton_config_option
+from moebench.cli.common import (
+    balancedness_option,
+    shape_option,
+    shapes_file_option,
+    triton_config_option,
+)
 from moebench.kernels.arm import parse_arm_list
-from moebench.results.tables import findings_lines, print_tables
+from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunRequest, run
 from moebench.timing.flush import FLUSH_MODES
 
@@ -41,6 +52,8 @@ def _progress(console: Console, total: int):
                    "revision of the repository you are in) as arm ARM@NAME; repeat to compare builds.")
 @click.option("--build-arm", default=None, metavar="ARM",
               help="The arm the --build sources are for, when the file name does not say (cuda-gemm, cuda-swapab).")
+@click.option("--build-host", type=click.Choice(["revision", "worktree"]), default="revision", show_default=True,
+              help="Git builds: the arm's Python host code as it is at the revision (when it differs), or this tree's.")
 @click.option("--define", "defines", multiple=True, metavar="NAME:KEY=VALUE",
               help="A preprocessor define for build NAME only.")
 @click.option("--arm", "external_arms", multiple=True, metavar="NAME=module:factory",
@@ -56,15 +69,16 @@ def _progress(console: Console, total: int):
 @triton_config_option
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
-def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, defines, external_arms, ref, rounds,
+def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, external_arms, ref, rounds,
                 samples, warmup, flush, timer, triton_config, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
-    console = Console()
+    console = make_console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
                      arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,
                      warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
                      shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
                      arm_options={"triton_config": triton_config}, builds=tuple(builds), build_arm=build_arm,
+                     build_host=build_host,
                      defines=tuple(defines), external_arms=tuple(external_arms))
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),

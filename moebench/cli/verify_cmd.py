@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from moebench.cli import cli
@@ -15,6 +14,7 @@ from moebench.kernels.arm import parse_arm_list
 from moebench.kernels.parity import REL_L2_THRESHOLD
 from moebench.kernels.triton_arms import use_interpreter
 from moebench.kernels.verify import verify_arms
+from moebench.results.tables import make_console
 
 
 @cli.command()
@@ -46,7 +46,7 @@ def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, se
         fx = build_fixture(spec).to(device)
         rows += verify_arms(fx, names, options={"triton_config": triton_config}, seed=seed,
                             with_edge_cases=edge_cases, threshold=threshold)
-    Console().print(_parity_table(rows, device, interpret))
+    make_console().print(_parity_table(rows, device, interpret))
     failed = [r for r in rows if not r.passed]
     if failed:
         click.echo(f"{len(failed)} of {len(rows)} checks failed", err=True)

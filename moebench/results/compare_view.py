@@ -8,6 +8,7 @@ from typing import TextIO
 
 from moebench.results.compare import Comparison, Verdict
 from moebench.results.schema import to_plain
+from moebench.results.tables import make_console
 
 VERDICT_STYLE = {Verdict.FASTER: "green", Verdict.SLOWER: "bold red", Verdict.SAME: "", Verdict.NOISY: "yellow"}
 
@@ -23,10 +24,9 @@ def _built(identity_changed: tuple[str, ...]) -> str:
 
 
 def render_table(c: Comparison, out: TextIO) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=out)
+    console = make_console(out)
     builds = any(a.identity_changed for a in c.arms)
     t = Table(title=_headline(c), title_justify="left")
     columns = [("shape", "left"), ("arm", "left"), ("A µs", "right"), ("B µs", "right"),

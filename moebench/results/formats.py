@@ -16,10 +16,9 @@ Renderer = Callable[[RunResult, TextIO, Sequence[Image]], None]
 
 
 def _table(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
-    from rich.console import Console
 
-    from moebench.results.tables import print_tables
-    print_tables(result, Console(file=out))
+    from moebench.results.tables import make_console, print_tables
+    print_tables(result, make_console(out))
 
 
 def _markdown(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:

@@ -9,19 +9,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from moebench.results.index import percent, us
 from moebench.results.schema import BuildParity, RunResult
-
-
-def _us(ns: float | None) -> str:
-    return "—" if ns is None else f"{ns / 1000:,.2f}"
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.0f}%"
-
-
-def _tbps(bytes_per_s: float | None) -> str:
-    return "—" if bytes_per_s is None else f"{bytes_per_s / 1e12:.2f}"
 
 
 def timer_label(result: RunResult) -> str:
@@ -70,9 +59,10 @@ def summary_table(result: RunResult) -> Table:
     for s in result.summaries:
         if last_shape is not None and s.shape != last_shape:
             t.add_section()
-        t.add_row(s.shape if s.shape != last_shape else "", s.arm, _us(s.median_ns),
-                  f"{_us(s.min_ns)}–{_us(s.max_ns)}", _us(s.span_median_ns), str(s.samples),
-                  _tbps(s.hbm_bandwidth_bytes_per_s), _pct(s.fraction_of_read_bandwidth))
+        t.add_row(s.shape if s.shape != last_shape else "", s.arm, us(s.median_ns),
+                  f"{us(s.min_ns)}–{us(s.max_ns)}", us(s.span_median_ns), str(s.samples),
+                  "—" if s.hbm_bandwidth_bytes_per_s is None else f"{s.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
+                  percent(s.fraction_of_read_bandwidth, digits=0))
         last_shape = s.shape
     return t
 
@@ -116,7 +106,7 @@ def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
 
 
 def print_tables(result: RunResult, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     console.print(summary_table(result))
     ratios = ratio_table(result)
     if ratios is not None:
@@ -125,3 +115,12 @@ def print_tables(result: RunResult, console: Console | None = None) -> None:
     console.print(f"[{style}]{audit_line(result)}[/]")
     for line in findings_lines(result):
         console.print(f"  [red]{line}[/]", highlight=False)
+
+
+WIDTH_WHEN_PIPED = 160  # rich falls back to 80 columns off a terminal, which cuts µs columns
+
+
+def make_console(file=None) -> Console:
+    """A rich console that keeps its tables whole when written to a file or a pipe."""
+    probe = Console(file=file)
+    return probe if probe.is_terminal else Console(file=file, width=WIDTH_WHEN_PIPED)
