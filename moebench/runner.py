@@ -62,6 +62,7 @@ class RunRequest:
     build_arm: str | None = None  # the arm the builds are sources of, when the file name does not say
     defines: tuple[str, ...] = ()  # `--define NAME:KEY=VALUE`, per build
     external_arms: tuple[str, ...] = ()  # `--arm NAME=module:factory`
+    build_host: str = "revision"  # git builds: the arm's host module at the revision, or this tree's
 
     @property
     def ref_arm(self) -> str:
@@ -81,7 +82,7 @@ def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
     """Resolve `--build` and `--arm` (files read, revisions pinned, names checked) and return
     the request with their arms appended to `arms` (unless named there already) and a `--ref`
     that names a build mapped to its arm."""
-    builds = resolve_builds(req.builds, req.defines, req.build_arm)
+    builds = resolve_builds(req.builds, req.defines, req.build_arm, host=req.build_host)
     factories = {**build_arm_factories(builds), **external_arm_factories(req.external_arms)}
     names = list(req.arms) + [n for n in factories if n not in req.arms]
     by_build = {b.name: b.arm_name for b in builds}

@@ -236,3 +236,58 @@ def test_build_vs_build_run(repo, tmp_path):
     assert "output vs test-tiny@old" in text and "bitwise equal" in text and "4 differ" in text
     md = render_markdown(result)
     assert "output vs `test-tiny@old`" in md and "bitwise equal" in md and "| base |" in md.replace("`", "")
+
+
+HOSTED = '''
+from moebench.kernels.arm import Arm, register_arm
+
+SOURCE = "moebench_test_hosted.cu"
+VERSION = "%s"
+
+
+@register_arm("test-hosted")
+class HostedArm(Arm):
+    name = "test-hosted"
+    description = "host " + VERSION
+
+    def prepare(self, fx):
+        raise NotImplementedError
+'''
+
+
+def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch):
+    """A kernel and its host wrapper change together: a git build loads the arm's module as it
+    is at the revision (privately), unless --build-host worktree."""
+    import importlib
+    import sys
+
+    from moebench.kernels import arm as arm_module
+    from moebench.kernels.builds import build_arm_factories
+    root = tmp_path / "hosted"
+    root.mkdir()
+    git(root, "init", "-q")
+    git(root, "config", "user.email", "t@example.com")
+    git(root, "config", "user.name", "t")
+    for version in ("v1", "v2"):
+        (root / "hosted_tiny_arm.py").write_text(HOSTED % version)
+        (root / "moebench_test_hosted.cu").write_text(TINY % version)
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", version)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(arm_module, "ARMS", dict(arm_module.ARMS))
+    try:
+        importlib.import_module("hosted_tiny_arm")
+        builds = resolve_builds(["new=moebench_test_hosted.cu", "old=git:HEAD~1", "head=git:HEAD"])
+        new, old, head = builds
+        assert new.host is None and head.host is None  # same text as this tree's: nothing to load
+        assert old.host == "hosted_tiny_arm.py" and old.identity()["host_module"] == "hosted_tiny_arm.py"
+        arms = {n: f() for n, f in build_arm_factories(builds).items()}
+        assert "host v1" in arms["test-hosted@old"].description
+        assert "host v2" in arms["test-hosted@new"].description and "host v2" in arms["test-hosted@head"].description
+        assert "test-hosted" in arm_module.ARMS and arm_module.ARMS["test-hosted"].__module__ == "hosted_tiny_arm"
+        (kept,) = resolve_builds(["old=git:HEAD~1:moebench_test_hosted.cu"], build_arm="test-hosted", host="worktree")
+        assert kept.host is None
+    finally:
+        sys.modules.pop("hosted_tiny_arm", None)

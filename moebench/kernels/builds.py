@@ -12,6 +12,10 @@ same for every build.
 Each build becomes the arm `ARM@NAME` (`cuda-fused@new`): the registered arm, prepared while
 cuda_build.source_override substitutes the build's file for the arm's source, so the arm's
 code is untouched and its compile goes through the same cache (keyed by the source hash).
+A kernel and its host wrapper change together (launch shape, arguments, weight layout), so a
+git build also takes the arm's Python module (e.g. fused_arm.py) as it is at the revision,
+loaded under a private name, when it exists there and differs from this tree's
+(`--build-host worktree` keeps this tree's host code for every build).
 Its identity in the result holds the spec, the git revision and commit, the source SHA-256,
 and every module compiled for it (binary SHA-256, flags, defines).
 """
@@ -23,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -153,6 +158,8 @@ class ResolvedBuild:
     repo_path: str | None = None  # the file, relative to the repository root
     dirty: bool | None = None  # file builds: the file differs from HEAD
     headers: tuple[str, ...] = ()  # git builds: headers taken from the revision
+    host: str | None = None  # the arm's module loaded from the revision (repo path), None: this tree's
+    host_sha256: str | None = None
 
     @property
     def arm_name(self) -> str:
@@ -166,7 +173,8 @@ class ResolvedBuild:
         return {"name": self.name, "spec": self.spec, "origin": "git" if self.revision else "file",
                 "path": self.repo_path or str(self.path), "revision": self.revision, "commit": self.commit,
                 "repo": self.repo, "dirty": self.dirty, "source_sha256": self.source_sha256,
-                "defines": dict(self.defines), "headers_from_revision": list(self.headers)}
+                "defines": dict(self.defines), "headers_from_revision": list(self.headers),
+                "host_module": self.host or "working tree", "host_sha256": self.host_sha256}
 
 
 def source_arms() -> dict[str, str]:
@@ -220,9 +228,14 @@ def _materialize(text: str, filename: str, headers: dict[str, str]) -> Path:
     return folder / filename
 
 
+HOST_MODES = ("revision", "worktree")
+
+
 def resolve_builds(spec_texts: Sequence[str], define_texts: Sequence[str] = (), build_arm: str | None = None,
-                   cwd: str | os.PathLike | None = None) -> list[ResolvedBuild]:
+                   cwd: str | os.PathLike | None = None, host: str = "revision") -> list[ResolvedBuild]:
     """Parse, check and pin every `--build`: each user mistake is one UserError line."""
+    if host not in HOST_MODES:
+        raise UserError(f"--build-host {host!r}: expected one of {', '.join(HOST_MODES)}")
     if not spec_texts:
         if define_texts:
             raise UserError("--define applies to a --build; none given")
@@ -250,8 +263,9 @@ def resolve_builds(spec_texts: Sequence[str], define_texts: Sequence[str] = (), 
     if default_path is None:  # only git builds without a path: the arm's own source in this repository
         from moebench.kernels.cuda_build import KERNELS_DIR
         default_path = str(KERNELS_DIR / sources[arm])
-    return [_resolve(s, arm, sources[arm], default_path, tuple(sorted(defines[s.name].items())), cwd)
-            for s in specs]
+    builds = [_resolve(s, arm, sources[arm], default_path, tuple(sorted(defines[s.name].items())), cwd)
+              for s in specs]
+    return [_with_host(b) if host == "revision" and b.revision else b for b in builds]
 
 
 def _resolve(s: BuildSpec, arm: str, source_name: str, default_path: str, defines, cwd: Path) -> ResolvedBuild:
@@ -288,6 +302,58 @@ def _resolve(s: BuildSpec, arm: str, source_name: str, default_path: str, define
     file = _materialize(text, Path(repo_path).name, headers)
     return ResolvedBuild(s.name, s.text, arm, source_name, file, hashlib.sha256(text.encode()).hexdigest(),
                          defines, s.revision, commit, str(root), repo_path, None, tuple(headers))
+
+
+# ---------------------------------------------------------------------------- host code at a revision
+
+def _host_module_path(arm: str) -> Path | None:
+    factory = load_builtin_arms()[arm]
+    module = sys.modules.get(factory.__module__)
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if file else None
+
+
+def _with_host(b: ResolvedBuild) -> ResolvedBuild:
+    """Pin the arm's module as it is at the build's revision, when it exists and differs."""
+    path = _host_module_path(b.arm)
+    if path is None or b.repo is None or b.commit is None:
+        return b
+    rel = os.path.relpath(path, b.repo)
+    if rel.startswith(".."):
+        return b  # this moebench is not part of the build's repository
+    text = read_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
+    if text is None or text == path.read_text():
+        return b
+    return replace(b, host=Path(rel).as_posix(), host_sha256=hashlib.sha256(text.encode()).hexdigest())
+
+
+_HOSTS: dict[str, dict[str, ArmFactory]] = {}  # host sha256 -> the arms its module registers
+
+
+def load_host_arm(b: ResolvedBuild) -> ArmFactory:
+    """The arm factory that the revision's module registers under b.arm: the module's text run
+    under a private module name with a private registry, so it touches neither."""
+    from moebench.kernels import arm as arm_registry
+    if b.host_sha256 not in _HOSTS:
+        text = read_at_revision(Path(b.repo), b.commit, b.host)
+        module_name = f"moebench.kernels._build_host_{b.host_sha256[:16]}"
+        module = types.ModuleType(module_name)
+        module.__file__ = f"{b.host}@{b.commit[:12]}"
+        sys.modules[module_name] = module  # dataclasses look their module up while the text runs
+        saved, arm_registry.ARMS = arm_registry.ARMS, {}
+        try:
+            exec(compile(text, module.__file__, "exec"), module.__dict__)  # noqa: S102 (the user's own code)
+        except Exception as err:  # noqa: BLE001
+            del sys.modules[module_name]
+            raise UserError(f"--build {b.spec}: {b.host} at {b.revision} does not load with this moebench "
+                            f"({type(err).__name__}: {err}); --build-host worktree keeps this tree's") from None
+        finally:
+            registered, arm_registry.ARMS = arm_registry.ARMS, saved
+        _HOSTS[b.host_sha256] = registered
+    registered = _HOSTS[b.host_sha256]
+    if b.arm not in registered:
+        raise UserError(f"--build {b.spec}: {b.host} at {b.revision} registers no arm {b.arm!r}")
+    return registered[b.arm]
 
 
 # ---------------------------------------------------------------------------- the arm
@@ -342,7 +408,7 @@ def build_arm_factories(builds: Sequence[ResolvedBuild]) -> dict[str, ArmFactory
     registry = load_builtin_arms()
     out: dict[str, ArmFactory] = {}
     for b in builds:
-        inner = registry[b.arm]
+        inner = load_host_arm(b) if b.host else registry[b.arm]
 
         def factory(__b=b, __inner=inner, **options) -> Arm:
             return BuildArm(__b, __inner(**options))
