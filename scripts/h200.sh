@@ -41,6 +41,8 @@ for s in "$@"; do case $s in
          for f in read write none; do python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,cuda-fused --flush \$f --out $R/flush; done" ;;
   sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
+  builds) stage builds python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --build wt=moebench/kernels/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;  # needs carry .git
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;
