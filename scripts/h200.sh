@@ -7,6 +7,8 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MOEBENCH_CACHE=/tmp/moebench-cache
+# The device tool carries no .git: a bare copy carried as .gitcopy serves `--build NAME=git:REV`.
+[ -d .gitcopy ] && export GIT_DIR=$PWD/.gitcopy GIT_WORK_TREE=$PWD
 W=/tmp/h200-work
 mkdir -p "$W/logs" "$W/results"
 R="$W/results"
@@ -42,7 +44,7 @@ for s in "$@"; do case $s in
   sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   builds) stage builds python3 -m moebench run --shape A8,A128,Q8,Q128 \
-         --build wt=moebench/kernels/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;  # needs carry .git
+         --build wt=moebench/kernels/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;
