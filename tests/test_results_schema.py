@@ -61,3 +61,18 @@ def test_tables_label_events_and_findings():
     assert "CUDA EVENTS" in text and "audit FAILED: 7/8" in text
     assert "A8 triton round 1 sample 0: 2 kernels, expected 1" in text
     assert audit_line(r).startswith("audit FAILED")
+
+
+def test_package_sha256_names_the_source(tmp_path):
+    from moebench.results.provenance import package_sha256
+    pkg = tmp_path / "pkg"
+    (pkg / "kernels").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "kernels" / "k.cu").write_text("// kernel\n")
+    (pkg / "notes.txt").write_text("not source")
+    first = package_sha256(pkg)
+    (pkg / "notes.txt").write_text("still not source")
+    assert package_sha256(pkg) == first
+    (pkg / "kernels" / "k.cu").write_text("// kernel, changed\n")
+    assert package_sha256(pkg) != first
+    assert len(first) == 64

@@ -56,13 +56,14 @@ def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, se
 def _parity_table(rows, device, interpret) -> Table:
     where = "CPU interpreter" if interpret else str(device)
     t = Table(title=f"parity against the oracle ({where})", title_justify="left")
-    for col in ("shape", "arm"):
+    for col in ("shape", "arm", "oracle"):
         t.add_column(col, no_wrap=True)
-    for col in ("rel L2", "max abs err", "ref max abs", "NaN/Inf", "threshold"):
+    for col in ("rel L2", "max abs err", "ref max abs", "NaN/Inf", "threshold", "rel L2 vs exact"):
         t.add_column(col, justify="right")
     t.add_column("result")
     for r in rows:
         result = "[green]ok[/green]" if r.passed else f"[red]FAIL[/red] {r.reason()}"
-        t.add_row(r.shape, r.arm, f"{r.rel_l2:.2e}", f"{r.max_abs:.2e}", f"{r.ref_max_abs:.2e}",
-                  str(r.nonfinite), f"{r.threshold:g}", result)
+        exact = "—" if r.rel_l2_exact is None else f"{r.rel_l2_exact:.2e}"
+        t.add_row(r.shape, r.arm, r.oracle, f"{r.rel_l2:.2e}", f"{r.max_abs:.2e}", f"{r.ref_max_abs:.2e}",
+                  str(r.nonfinite), f"{r.threshold:g}", exact, result)
     return t

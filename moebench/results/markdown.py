@@ -146,6 +146,7 @@ def _provenance(ix: ResultIndex) -> str:
         commit += " (uncommitted changes)"
     facts += [
         ("commit", f"`{commit}`"),
+        ("moebench source sha256", f"`{prov.package_sha256}`" if prov.package_sha256 else "—"),
         ("moebench", f"{prov.tool_version}, Python {prov.python}"),
         ("libraries", ", ".join(f"{k} {v}" for k, v in sorted(prov.libraries.items())) or "—"),
         ("host, time", f"{prov.hostname}, {prov.started_at} – {prov.finished_at}"),
@@ -167,9 +168,11 @@ def _provenance(ix: ResultIndex) -> str:
         [[a.shape, f"`{a.name}`", "<br>".join(f"{k}: `{_short(v)}`" for k, v in sorted(a.identity.items())) or "—"]
          for a in res.arms]))
     blocks.append(_table(
-        ["shape", "arm", "rel L2 vs oracle", "max abs", "non-finite", "passed"], "llrrrl",
-        [[p.shape, f"`{p.arm}`", f"{p.rel_l2:.2e}", f"{p.max_abs:.3g}", str(p.nonfinite),
-          "yes" if p.passed else "**no**"] for p in res.parity]))
+        ["shape", "arm", "oracle roundings", "rel L2 vs that oracle", "rel L2 vs exact", "max abs",
+         "non-finite", "passed"], "lllrrrrl",
+        [[p.shape, f"`{p.arm}`", p.oracle, f"{p.rel_l2:.2e}",
+          f"{p.rel_l2:.2e}" if p.rel_l2_exact is None else f"{p.rel_l2_exact:.2e}", f"{p.max_abs:.3g}",
+          str(p.nonfinite), "yes" if p.passed else "**no**"] for p in res.parity]))
     if res.clocks:
         blocks.append(_table(
             ["round", "SM MHz", "memory MHz", "°C", "W"], "rrrrr",

@@ -6,6 +6,7 @@ own timer (a cold read of a large buffer) and stored in GpuInfo.read_bandwidth_b
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import socket
 import subprocess
@@ -39,6 +40,20 @@ def git_state(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     except (OSError, subprocess.SubprocessError):
         dirty = None
     return commit, dirty
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_SUFFIXES = (".py", ".cu", ".cuh")
+
+
+def package_sha256(package_dir: Path = PACKAGE_DIR) -> str:
+    """SHA-256 over the relative paths and bytes of moebench's source files: identifies the
+    code that ran even where the checkout has no git (a copied working tree, a wheel)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in package_dir.rglob("*") if p.suffix in PACKAGE_SUFFIXES and p.is_file()):
+        h.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def library_versions(names=LIBRARIES) -> dict[str, str]:
@@ -82,5 +97,5 @@ def provenance(command, started_at: str, gpu=None):
         command=tuple(command), tool_version=__version__, git_commit=commit, git_dirty=dirty,
         hostname=socket.gethostname(), started_at=started_at, finished_at=utc_now(),
         python=f"{platform.python_implementation()} {sys.version.split()[0]}",
-        libraries=library_versions(), gpu=gpu,
+        libraries=library_versions(), gpu=gpu, package_sha256=package_sha256(),
     )

@@ -90,6 +90,7 @@ class Provenance:
     python: str
     libraries: dict[str, str]  # torch, triton, cuda-core, cupti-python, nvidia-ml-py, ...
     gpu: GpuInfo | None
+    package_sha256: str | None = None  # over moebench's own source files: names the code without git
 
 
 @dataclass(frozen=True)
