@@ -45,6 +45,8 @@ for s in "$@"; do case $s in
   sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   builds) stage builds python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --build wt=moebench/kernels/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;
+  gemm2-steps) stage gemm2-steps python3 scripts/gemm2_steps.py "$R/gemm2" ;;
+  fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;

@@ -39,6 +39,7 @@ class GemmConfig:
     swap_ab: bool
     block_t: int  # slots per route-plan block (wgmma N when swapped; 64 when not)
     stages: int = 5
+    target_steps: int = TARGET_STEPS  # host side: K steps a CTA streams at least (GEMM2's tiles per CTA)
 
     def __post_init__(self):
         if not self.swap_ab and self.block_t != 64:
@@ -82,12 +83,13 @@ def tiles_per_cta(row_tiles: int, k_steps: int, target_steps: int = TARGET_STEPS
     return best
 
 
-def gemm_grid(num_blocks: int, rows_per_expert: int, k_dim: int) -> tuple[tuple[int, int, int], int]:
+def gemm_grid(num_blocks: int, rows_per_expert: int, k_dim: int,
+              target_steps: int = TARGET_STEPS) -> tuple[tuple[int, int, int], int]:
     """(grid, tiles_per_cta) of one grouped GEMM: x = route-plan block, y = group of row tiles."""
     if rows_per_expert % BLOCK_R or k_dim % BLOCK_K:
         raise ValueError(f"rows {rows_per_expert} / K {k_dim} not tiled by {BLOCK_R} / {BLOCK_K}")
     row_tiles = rows_per_expert // BLOCK_R
-    tiles = tiles_per_cta(row_tiles, k_dim // BLOCK_K)
+    tiles = tiles_per_cta(row_tiles, k_dim // BLOCK_K, target_steps)
     return (num_blocks, row_tiles // tiles, 1), tiles
 
 
@@ -165,8 +167,8 @@ class CudaGroupedGemmArm(Arm):
         w2_map = tensor_map(w2, weight_box())
 
         smem = cfg.shared_bytes()
-        grid1, tiles1 = gemm_grid(num_blocks, N, K)
-        grid2, tiles2 = gemm_grid(num_blocks, K, I)
+        grid1, tiles1 = gemm_grid(num_blocks, N, K, cfg.target_steps)
+        grid2, tiles2 = gemm_grid(num_blocks, K, I, cfg.target_steps)
         launches = [
             bind_launch(module.kernel("moe_grouped_gemm1"), grid1, THREADS, smem,
                         w1_map, _ptr(fx.w1_scale), _ptr(x), _ptr(x_scale), _ptr(plan.sorted_token_ids),
