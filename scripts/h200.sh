@@ -47,6 +47,8 @@ for s in "$@"; do case $s in
          --build wt=moebench/kernels/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;
   gemm2-steps) stage gemm2-steps python3 scripts/gemm2_steps.py "$R/gemm2" ;;
   fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
+  racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
+         compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;
