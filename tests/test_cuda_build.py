@@ -8,7 +8,7 @@ import pytest
 
 cuda_core = pytest.importorskip("cuda.core")
 
-from moebench.kernels import cuda_build  # noqa: E402
+from moebench.kernels import cuda_build, cuda_launch  # noqa: E402
 from moebench.kernels.cuda_build import (CudaBuildError, build_key, compile_source,  # noqa: E402
                                          parse_ptxas_log)
 
@@ -114,15 +114,15 @@ def test_name_expressions_survive_the_cache(cache):
 
 def test_check_box_rules():
     ok = dict(shape=(512, 7168), strides=(7168, 1), elem_bytes=1)
-    cuda_build.check_box(**ok, box_dim=(64, 128), swizzle="128B")
+    cuda_launch.check_box(**ok, box_dim=(64, 128), swizzle="128B")
     with pytest.raises(ValueError, match="swizzle span"):
-        cuda_build.check_box(**ok, box_dim=(64, 256), swizzle="128B")
+        cuda_launch.check_box(**ok, box_dim=(64, 256), swizzle="128B")
     with pytest.raises(ValueError, match=r"\[1, 256\]"):
-        cuda_build.check_box(**ok, box_dim=(512, 128), swizzle="128B")
+        cuda_launch.check_box(**ok, box_dim=(512, 128), swizzle="128B")
     with pytest.raises(ValueError, match="multiple of 16"):
-        cuda_build.check_box(**ok, box_dim=(64, 8), swizzle="none")
+        cuda_launch.check_box(**ok, box_dim=(64, 8), swizzle="none")
     with pytest.raises(ValueError, match="contiguous"):
-        cuda_build.check_box((512, 7168), (1, 512), 1, (64, 128), "128B")
+        cuda_launch.check_box((512, 7168), (1, 512), 1, (64, 128), "128B")
 
 
 @pytest.mark.parametrize("source", sorted(p.name for p in cuda_build.KERNELS_DIR.glob("*.cu")))
@@ -175,8 +175,8 @@ def test_grid_sizes():
 
 def test_weight_descriptor_box():
     assert cuda_arms.weight_box() == (64, 128)
-    cuda_build.check_box((257 * 256, 7168), (7168, 1), 1, cuda_arms.weight_box(), "128B")
-    cuda_build.check_box((257 * 7168, 128), (128, 1), 1, cuda_arms.weight_box(), "128B")
+    cuda_launch.check_box((257 * 256, 7168), (7168, 1), 1, cuda_arms.weight_box(), "128B")
+    cuda_launch.check_box((257 * 7168, 128), (128, 1), 1, cuda_arms.weight_box(), "128B")
 
 
 @pytest.mark.parametrize("block_t", [16, 64])
@@ -210,5 +210,5 @@ def test_cuda_arms_are_registered_and_say_why_not_on_cpu():
 
 
 def test_tensor_map_api_is_importable():
-    smv, l2, sw = cuda_build._tensor_map_api()
+    smv, l2, sw = cuda_launch._tensor_map_api()
     assert hasattr(smv, "as_tensor_map") and hasattr(sw, "SWIZZLE_128B") and hasattr(l2, "L2_256B")

@@ -140,7 +140,7 @@ class CudaGroupedGemmArm(Arm):
         return compile_source(SOURCE, defines=self.config.defines())
 
     def prepare(self, fx: Fixture) -> PreparedCall:
-        from moebench.kernels.cuda_build import bind_launch, tensor_map
+        from moebench.kernels.cuda_launch import bind_launch, tensor_map
         reason = self.unavailable_reason(fx.device)
         if reason:
             raise RuntimeError(f"{self.name}: {reason}")

@@ -264,7 +264,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream."""
     import numpy as np
 
-    from moebench.kernels.cuda_build import _raise_shared_limit, bind_launch
+    from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
@@ -275,7 +275,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     _need(2 <= stages <= 10 and smem <= SMEM_PER_CTA, f"stages={stages} needs {smem} B of shared memory")
     module = build_fused(bm, stages, per_sm)
     kernel = module.kernel(KERNEL_NAME, x.device.index)
-    _raise_shared_limit(kernel, smem, x.device.index)
+    raise_shared_limit(kernel, smem, x.device.index)
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
     clusters = min(resident_clusters(kernel, smem, x.device.index, per_sm), max_blocks * G)

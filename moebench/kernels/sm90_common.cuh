@@ -10,7 +10,7 @@ typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 
-// A CUtensorMap as the driver encodes it on the host (cuda_build.tensor_map): 128 opaque
+// A CUtensorMap as the driver encodes it on the host (cuda_launch.tensor_map): 128 opaque
 // bytes, 64-aligned. Take it as `const __grid_constant__ TmaDescriptor` so its address is
 // a parameter-space address the TMA unit may read.
 struct __align__(64) TmaDescriptor {
