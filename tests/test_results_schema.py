@@ -76,3 +76,17 @@ def test_package_sha256_names_the_source(tmp_path):
     (pkg / "kernels" / "k.cu").write_text("// kernel, changed\n")
     assert package_sha256(pkg) != first
     assert len(first) == 64
+
+
+def test_atomic_write_replaces_whole_and_leaves_no_temporaries(tmp_path):
+    import os
+
+    from moebench.atomic_write import atomic_write
+    target = tmp_path / "r.json"
+    atomic_write(target, b"old")
+    atomic_write(target, b"new contents")
+    assert target.read_bytes() == b"new contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -40,7 +40,6 @@ from moebench.kernels.arm import Arm, ArmFactory, PreparedCall, load_builtin_arm
 
 BUILD_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 DEFINE_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 SPEC_FORMS = "NAME=PATH or NAME=git:REV[:PATH]"
 
 
@@ -125,18 +124,9 @@ def read_at_revision(root: Path, commit: str, repo_path: str) -> str | None:
 def headers_at_revision(root: Path, commit: str, repo_path: str, text: str) -> dict[str, str]:
     """Local headers the source includes, as they are at `commit` (next to the source);
     a header absent there is left to the compiler's search (moebench/kernels of this tree)."""
+    from moebench.kernels.cuda_build import include_closure
     base = Path(repo_path).parent
-    out: dict[str, str] = {}
-    todo = list(_INCLUDE_RE.findall(text))
-    while todo:
-        name = todo.pop()
-        if name in out:
-            continue
-        found = read_at_revision(root, commit, (base / name).as_posix())
-        if found is not None:
-            out[name] = found
-            todo.extend(_INCLUDE_RE.findall(found))
-    return dict(sorted(out.items()))
+    return include_closure(text, lambda name: read_at_revision(root, commit, (base / name).as_posix()))
 
 
 # ---------------------------------------------------------------------------- resolved builds
@@ -215,7 +205,8 @@ def _family(specs: Sequence[BuildSpec], build_arm: str | None, sources: dict[str
 
 def _materialize(text: str, filename: str, headers: dict[str, str]) -> Path:
     """Write a revision's source and headers to a content-addressed folder of the cache."""
-    from moebench.kernels.cuda_build import _atomic_write, cache_dir
+    from moebench.atomic_write import atomic_write
+    from moebench.kernels.cuda_build import cache_dir
     h = hashlib.sha256(text.encode())
     for k, v in headers.items():
         h.update(f"\0{k}\0{v}".encode())
@@ -224,7 +215,7 @@ def _materialize(text: str, filename: str, headers: dict[str, str]) -> Path:
         p = folder / name
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.is_file() or p.read_text() != body:
-            _atomic_write(p, body.encode())
+            atomic_write(p, body.encode())
     return folder / filename
 
 

@@ -23,10 +23,10 @@ import io
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from moebench.atomic_write import atomic_write
 from moebench.kernels.cuda_launch import device_index
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -125,22 +125,28 @@ def cache_dir() -> Path:
 
 # ---------------------------------------------------------------------------- key
 
-def local_headers(source: str, search: tuple[Path, ...]) -> dict[str, str]:
-    """Text of every `#include "..."` header found in `search`, recursively, by name."""
+def include_closure(source: str, lookup) -> dict[str, str]:
+    """Text of every `#include "..."` header reachable from `source`, by name; `lookup(name)`
+    gives a header's text, or None to leave that name to the compiler's own search."""
     out: dict[str, str] = {}
     todo = list(_INCLUDE_RE.findall(source))
     while todo:
         name = todo.pop()
         if name in out:
             continue
-        for d in search:
-            p = d / name
-            if p.is_file():
-                text = p.read_text()
-                out[name] = text
-                todo.extend(_INCLUDE_RE.findall(text))
-                break
+        text = lookup(name)
+        if text is not None:
+            out[name] = text
+            todo.extend(_INCLUDE_RE.findall(text))
     return dict(sorted(out.items()))
+
+
+def local_headers(source: str, search: tuple[Path, ...]) -> dict[str, str]:
+    """Text of every local header the source includes, found in the `search` folders."""
+    def lookup(name: str) -> str | None:
+        found = next((d / name for d in search if (d / name).is_file()), None)
+        return found.read_text() if found is not None else None
+    return include_closure(source, lookup)
 
 
 def build_key(source: str, headers: dict[str, str], flags: tuple[str, ...],
@@ -214,20 +220,6 @@ def _program_options(name: str, arch: str, flags: tuple[str, ...], defines: dict
 
 
 # ---------------------------------------------------------------------------- cache I/O
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
 
 @contextlib.contextmanager
 def _locked(path: Path):
@@ -445,5 +437,5 @@ def _publish(root: Path, key: str, module: CudaModule) -> None:
     root.mkdir(parents=True, exist_ok=True)
     meta = {"format": CACHE_FORMAT, "build": module.build.to_dict(),
             "symbol_mapping": module.symbol_mapping, "log": module.log}
-    _atomic_write(root / f"{key}.cubin", module.cubin)
-    _atomic_write(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())  # last
+    atomic_write(root / f"{key}.cubin", module.cubin)
+    atomic_write(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())  # last
