@@ -112,7 +112,7 @@ def sections() -> dict[str, str]:
         "stock": moebench("report", "results/h200/stock.json", "--format", "summary"),
         "repeat": moebench("compare", "results/h200/stock.json", "results/h200/stock-repeat.json",
                            "--format", "markdown"),
-        "flush": flush_table(),
+        "flush": log_lines("flush.log", r"^add: median") + "\n" + flush_table(),
         "sweep-A": moebench("report", "results/h200/sweep-A.json", "--format", "summary"),
         "sweep-Q": moebench("report", "results/h200/sweep-Q.json", "--format", "summary"),
     }
