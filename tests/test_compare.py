@@ -250,7 +250,10 @@ def test_cli_missing_file(saved, base, tmp_path):
     ids=lambda p: getattr(p, "name", "none"))
 def test_committed_result_against_itself_and_a_constructed_regression(path, tmp_path):
     result = load(path)
-    assert set(verdicts(compare_results(result, result)).values()) == {Verdict.SAME}
+    # Against itself nothing is faster or slower; an arm whose rounds spread past the
+    # threshold (a real run can) is called noisy rather than the same.
+    self_verdicts = set(verdicts(compare_results(result, result)).values())
+    assert self_verdicts <= {Verdict.SAME, Verdict.NOISY} and Verdict.SAME in self_verdicts
     slow_arm = result.settings.arms[-1]
     slowed = replace(result, summaries=tuple(
         replace(s, median_ns=s.median_ns * 1.10, row_medians_ns=tuple(r * 1.10 for r in s.row_medians_ns))
