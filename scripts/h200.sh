@@ -4,6 +4,8 @@
 # folder, bundled into $OUT/bundle.tgz after every stage (the tool returns few files, and
 # a stage cut off by the time limit still leaves the earlier ones).
 #   usage: bash scripts/h200.sh STAGE [STAGE ...]
+# Carry .whl (../shared/fetch-wheels) and, for the `builds` stage, .gitcopy: make it here
+# with `git clone -q --bare . .gitcopy` and add `/.gitcopy/` to .git/info/exclude.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MOEBENCH_CACHE=/tmp/moebench-cache
