@@ -51,3 +51,25 @@ def test_empty_inputs_raise():
         arm_median({})
     with pytest.raises(ValueError):
         ratio_summary("A8", "a", "b", {1: 1.0}, {2: 1.0})
+
+
+def _committed_results():
+    from pathlib import Path
+    return sorted((Path(__file__).resolve().parent.parent / "results" / "h200").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", _committed_results(), ids=lambda p: p.name)
+def test_committed_statistics_derive_from_committed_samples(path):
+    """Every stored median, row and ratio of an H200 run is what the named functions give
+    from the run's own stored samples: a reader can redo the numbers from the file."""
+    from moebench.results.store import load
+    r = load(path)
+    summaries, ratios = summarize(r.samples, r.settings.shapes, r.settings.arms, r.settings.ref,
+                                  {f.name: f.floors.hbm_bytes for f in r.fixtures} or
+                                  {s: 0 for s in r.settings.shapes},
+                                  r.provenance.gpu.read_bandwidth_bytes_per_s if r.provenance.gpu else None)
+    assert [(s.shape, s.arm, s.median_ns, s.row_medians_ns) for s in summaries] == \
+        [(s.shape, s.arm, s.median_ns, s.row_medians_ns) for s in r.summaries]
+    assert [(x.shape, x.arm, x.median, x.per_round, x.rounds_won) for x in ratios] == \
+        [(x.shape, x.arm, x.median, x.per_round, x.rounds_won) for x in r.ratios]
+    assert r.audit.samples_total == len(r.samples) == r.audit.samples_passed
