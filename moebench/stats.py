@@ -38,11 +38,14 @@ def fraction_of(bandwidth: float, reference: float | None) -> float | None:
 
 
 def arm_summary(shape: str, arm: str, samples: Sequence[Sample], hbm_bytes: int,
-                read_bandwidth_bytes_per_s: float | None = None) -> ArmSummary:
-    """Summary of one arm at one shape from its samples (value_ns: gpu_sum or events)."""
+                read_bandwidth_bytes_per_s: float | None = None,
+                rows: Mapping[int, float] | None = None) -> ArmSummary:
+    """Summary of one arm at one shape from its samples (value_ns: gpu_sum or events);
+    `rows`, when the caller already has them, are that arm's rows_by_round."""
     if not samples:
         raise ValueError(f"no samples for {arm} at {shape}")
-    rows = rows_by_round((s.round, s.value_ns) for s in samples)
+    if rows is None:
+        rows = rows_by_round((s.round, s.value_ns) for s in samples)
     med = arm_median(rows)
     spans = [s.gpu_span_ns for s in samples if s.kernels]
     bw = bandwidth_bytes_per_s(hbm_bytes, med)
@@ -81,8 +84,9 @@ def summarize(samples: Sequence[Sample], shapes: Sequence[str], arms: Sequence[s
             unit = by_unit.get((shape, arm))
             if not unit:
                 continue
-            summaries.append(arm_summary(shape, arm, unit, hbm_bytes[shape], read_bandwidth_bytes_per_s))
             rows[arm] = rows_by_round((s.round, s.value_ns) for s in unit)
+            summaries.append(arm_summary(shape, arm, unit, hbm_bytes[shape], read_bandwidth_bytes_per_s,
+                                         rows=rows[arm]))
         if ref in rows:
             ratios.extend(ratio_summary(shape, ref, arm, rows[ref], rows[arm]) for arm in arms
                           if arm != ref and arm in rows)
