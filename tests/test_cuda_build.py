@@ -137,8 +137,8 @@ def test_every_cuda_source_compiles_for_sm90a_without_spills(cache, source):
 # ---------------------------------------------------------------- cuda-gemm / cuda-swapab host logic
 
 from moebench.kernels import cuda_arms  # noqa: E402
-from moebench.kernels.cuda_arms import (CUDA_GEMM, CUDA_SWAPAB, GemmConfig, combine_grid,  # noqa: E402
-                                        gemm_grid, swiglu_grid, tiles_per_cta)
+from moebench.kernels.cuda_arms import (CUDA_GEMM, CUDA_SWAPAB, GemmConfig,  # noqa: E402
+                                        gemm2_target_steps, gemm_grid, swiglu_grid, tiles_per_cta)
 
 
 @pytest.mark.parametrize("cfg", [CUDA_GEMM, CUDA_SWAPAB, GemmConfig(True, 8), GemmConfig(True, 32, stages=4)])
@@ -170,7 +170,19 @@ def test_grid_sizes():
     with pytest.raises(ValueError):
         gemm_grid(1, 100, 128)
     assert swiglu_grid(72, 128) == (18, 1, 1) and swiglu_grid(73, 256) == (37, 1, 1)
-    assert combine_grid(1, 7168) == (4, 1, 1) and combine_grid(128, 2048) == (128, 1, 1)
+
+
+@pytest.mark.parametrize("wave", [396, 528])  # 3 or 4 swapab CTAs an SM on 132 SMs
+def test_gemm2_steps_rule_matches_the_h200_experiment(wave):
+    # route-plan blocks of 16 at the fixtures: A8 57, Q8 74, A128 262, Q128 462 (K, I)
+    # measured: 16 steps won at A8, A128, Q128 and lost at Q8
+    assert gemm2_target_steps(57, 7168, 128, wave) == 16  # 798 CTAs at 8 steps: > a wave
+    assert gemm2_target_steps(74, 2048, 128, wave) == 8  # 296 CTAs at 8 steps: one wave
+    assert gemm2_target_steps(262, 7168, 128, wave) == 16
+    assert gemm2_target_steps(462, 2048, 128, wave) == 16
+    assert gemm2_target_steps(1, 2048, 128, wave) == 8  # M=1: a handful of CTAs
+    # the grid the rule picks at 16 steps: half the CTAs, each twice as long
+    assert gemm_grid(57, 7168, 128, 16) == ((57, 7, 1), 16)
 
 
 def test_weight_descriptor_box():
@@ -206,7 +218,7 @@ def test_cuda_arms_are_registered_and_say_why_not_on_cpu():
     for name in ("cuda-gemm", "cuda-swapab"):
         arm = arms[name]()
         assert arm.unavailable_reason(torch.device("cpu"))
-        assert {k.label for k in cuda_arms.KERNELS} == {"gemm1", "swiglu_quant", "gemm2", "combine"}
+        assert [k.label for k in cuda_arms.KERNELS] == ["gemm1", "swiglu_quant", "gemm2"]  # combine in gemm2
 
 
 def test_tensor_map_api_is_importable():

@@ -1,6 +1,6 @@
 """`cuda-gemm` and `cuda-swapab`: the MoE path on CUDA sm_90a grouped GEMMs (wgmma + TMA).
 
-Both arms run the same four kernels of sm90_grouped_gemm.cu, built with the same tiles
+Both arms run the same three kernels of sm90_grouped_gemm.cu, built with the same tiles
 (64 weight rows x 128 of K per step), stages, pipeline and epilogue; they differ only in
 SWAP_AB, i.e. in what fills wgmma's 64-row slot:
 
@@ -25,12 +25,12 @@ BLOCK_R = 64  # weight rows per tile (the .cu's BLOCK_R)
 BLOCK_K = 128  # K per pipeline step (the .cu's BLOCK_K), also the FP8 scale block
 THREADS = 160  # one consumer warpgroup + one producer warp
 TARGET_STEPS = 8  # GEMM2 (K of 128 per tile): tiles per CTA so each CTA streams >= this many steps
+LONG_STEPS = 16  # ... or this many, where the grid still fills one wave of resident CTAs
 
 KERNELS = (
     KernelDecl("gemm1", r"moe_grouped_gemm1"),
     KernelDecl("swiglu_quant", r"moe_swiglu_quant"),
-    KernelDecl("gemm2", r"moe_grouped_gemm2"),
-    KernelDecl("combine", r"moe_combine"),
+    KernelDecl("gemm2", r"moe_grouped_gemm2"),  # its epilogue is the combine (BF16 reduce-add)
 )
 
 
@@ -39,7 +39,8 @@ class GemmConfig:
     swap_ab: bool
     block_t: int  # slots per route-plan block (wgmma N when swapped; 64 when not)
     stages: int = 5
-    target_steps: int = TARGET_STEPS  # host side: K steps a CTA streams at least (GEMM2's tiles per CTA)
+    # host side: K steps a GEMM2 CTA streams; None = the rule of `gemm2_target_steps`
+    target_steps: int | None = None
 
     def __post_init__(self):
         if not self.swap_ab and self.block_t != 64:
@@ -93,17 +94,37 @@ def gemm_grid(num_blocks: int, rows_per_expert: int, k_dim: int,
     return (num_blocks, row_tiles // tiles, 1), tiles
 
 
+def gemm2_target_steps(num_blocks: int, rows_per_expert: int, k_dim: int, wave_ctas: int) -> int:
+    """GEMM2's K steps per CTA: TARGET_STEPS when that grid fits in one wave of `wave_ctas`
+    resident CTAs (all run at once, so one CTA's length is the kernel's: keep CTAs short),
+    else LONG_STEPS (CTAs run in waves; longer ones pay pipeline fill and drain fewer times).
+
+    From the H200 experiment (results/h200/experiments/cuda-swapab-gemm2-steps-*.json):
+    16 steps gained 1-6% at A8, A128 and Q128, whose 8-step grids are 798 to 3,668 CTAs,
+    and lost 8.5% at Q8, whose 8-step grid (296 CTAs) fits in one wave; 4 and 32 steps lost
+    everywhere."""
+    (blocks, groups, _), _ = gemm_grid(num_blocks, rows_per_expert, k_dim, TARGET_STEPS)
+    return TARGET_STEPS if blocks * groups <= wave_ctas else LONG_STEPS
+
+
 def swiglu_grid(num_slots: int, inter: int) -> tuple[int, int, int]:
     return ((num_slots * (inter // 128) + 3) // 4, 1, 1)  # one warp per (slot, 128-group), 4 per CTA
-
-
-def combine_grid(num_tokens: int, hidden: int) -> tuple[int, int, int]:
-    return ((num_tokens * (hidden // 8) + 255) // 256, 1, 1)  # 8 columns per thread, 256 per CTA
 
 
 def weight_box() -> tuple[int, int]:
     """TMA box of a weight tile, outermost first: 64 rows x 128 bytes (128-byte swizzle)."""
     return (BLOCK_R, BLOCK_K)
+
+
+def resident_ctas(kernel, smem: int, device: torch.device) -> int:
+    """CTAs of `kernel` the whole GPU runs at once (SMs x the driver's occupancy answer)."""
+    from moebench.kernels.cuda_launch import raise_shared_limit
+    index = torch.device(device).index or 0
+    raise_shared_limit(kernel, smem, index)  # occupancy counts 0 above the 48 KiB default
+    per_sm = int(kernel.occupancy.max_active_blocks_per_multiprocessor(THREADS, smem))
+    if per_sm < 1:
+        raise RuntimeError(f"a {smem}-byte GEMM CTA does not fit on an SM")
+    return per_sm * torch.cuda.get_device_properties(index).multi_processor_count
 
 
 # ------------------------------------------------------------------ the arms
@@ -161,29 +182,33 @@ class CudaGroupedGemmArm(Arm):
         h = torch.empty(num_slots, N, dtype=torch.float32, device=dev)
         a = torch.empty(num_slots, I, dtype=torch.uint8, device=dev)
         a_scale = torch.empty(num_slots, I // 128, dtype=torch.float32, device=dev)
-        y = torch.empty(num_slots, K, dtype=torch.bfloat16, device=dev)
-        out = torch.empty(M, K, dtype=torch.bfloat16, device=dev)
+        out = torch.empty(M, K, dtype=torch.bfloat16, device=dev)  # zeroed by moe_swiglu_quant
         w1_map = tensor_map(w1, weight_box())
         w2_map = tensor_map(w2, weight_box())
 
         smem = cfg.shared_bytes()
-        grid1, tiles1 = gemm_grid(num_blocks, N, K, cfg.target_steps)
-        grid2, tiles2 = gemm_grid(num_blocks, K, I, cfg.target_steps)
+        gemm1, gemm2 = module.kernel("moe_grouped_gemm1"), module.kernel("moe_grouped_gemm2")
+        steps2 = cfg.target_steps
+        wave = None
+        if steps2 is None:
+            wave = resident_ctas(gemm2, smem, dev)
+            steps2 = gemm2_target_steps(num_blocks, K, I, wave)
+        grid1, tiles1 = gemm_grid(num_blocks, N, K, TARGET_STEPS)
+        grid2, tiles2 = gemm_grid(num_blocks, K, I, steps2)
         launches = [
-            bind_launch(module.kernel("moe_grouped_gemm1"), grid1, THREADS, smem,
+            bind_launch(gemm1, grid1, THREADS, smem,
                         w1_map, _ptr(fx.w1_scale), _ptr(x), _ptr(x_scale), _ptr(plan.sorted_token_ids),
-                        _ptr(plan.expert_ids), _ptr(h), _ptr(route_w),
+                        _ptr(plan.expert_ids), _ptr(h),
                         _i32(K), _i32(N), _i32(top_k), _i32(num_slots), _i32(tiles1)),
             bind_launch(module.kernel("moe_swiglu_quant"), swiglu_grid(num_slots, I), 128, 0,
-                        _ptr(h), _ptr(a), _ptr(a_scale), _i32(num_slots), _i32(I)),
-            bind_launch(module.kernel("moe_grouped_gemm2"), grid2, THREADS, smem,
+                        _ptr(h), _ptr(a), _ptr(a_scale), _i32(num_slots), _i32(I),
+                        _ptr(out), _i32(out.numel() * 2 // 16)),
+            bind_launch(gemm2, grid2, THREADS, smem,
                         w2_map, _ptr(fx.w2_scale), _ptr(a), _ptr(a_scale), _ptr(plan.sorted_token_ids),
-                        _ptr(plan.expert_ids), _ptr(y), _ptr(route_w),
-                        _i32(I), _i32(K), _i32(1), _i32(num_slots), _i32(tiles2)),
-            bind_launch(module.kernel("moe_combine"), combine_grid(M, K), 256, 0,
-                        _ptr(y), _ptr(out), _i32(M), _i32(top_k), _i32(K)),
+                        _ptr(plan.expert_ids), _ptr(out), _ptr(route_w),
+                        _i32(top_k), _i32(I), _i32(K), _i32(num_slots), _i32(tiles2)),
         ]
-        keep_alive = (plan, w1, w2, x, x_scale, route_w, h, a, a_scale, y, w1_map, w2_map, fx)
+        keep_alive = (plan, w1, w2, x, x_scale, route_w, h, a, a_scale, w1_map, w2_map, fx)
 
         def run() -> None:
             for launch in launches:
@@ -193,7 +218,8 @@ class CudaGroupedGemmArm(Arm):
         identity = {
             "config": asdict(cfg), "mma": cfg.mma, "source": SOURCE,
             "build": module.build.to_dict(), "shared_bytes": smem,
-            "grids": {"gemm1": grid1, "gemm2": grid2, "tiles_per_cta": [tiles1, tiles2]},
+            "grids": {"gemm1": grid1, "gemm2": grid2, "tiles_per_cta": [tiles1, tiles2],
+                      "gemm2_steps": steps2, "resident_ctas": wave},
             "route_blocks": num_blocks,
         }
         return PreparedCall(arm=self.name, run=run, output=out, kernels=KERNELS, identity=identity)

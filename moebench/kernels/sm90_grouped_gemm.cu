@@ -2,8 +2,13 @@
 //
 //   moe_grouped_gemm1   h[slot, :N]  = x[token(slot)] . w1[e]^T            FP8 block scales, FP32 out
 //   moe_swiglu_quant    a[slot, :I]  = requant(silu(gate) * up)            per slot, groups of 128
-//   moe_grouped_gemm2   y[slot, :K]  = w[slot] * (a[slot] . w2[e]^T)       FP8 block scales, BF16 out
-//   moe_combine         out[t, :K]   = sum_k y[t*top_k + k]                FP32 sum, BF16 once
+//                       out[:, :]    = 0                                   (GEMM2 reduces into it)
+//   moe_grouped_gemm2   out[token(slot), :K] += w[slot] * (a[slot] . w2[e]^T)
+//                                                                          FP8 block scales, BF16 reduce-add
+//
+// The combine over top_k is GEMM2's epilogue: each slot's row goes into its token's output
+// row by 16-byte bf16x2 reductions in L2 (so the sum is in BF16 and its last bit depends
+// on the order the reductions land, as in cuda-fused).
 //
 // The two GEMMs are one kernel over the route plan (moe_align_block_size layout): CTA
 // (x, y) takes token block x (BLOCK_T slots of one expert, sentinel-padded) and
@@ -83,7 +88,14 @@ __device__ __forceinline__ int acc_row(int i, int w, int g, int q) {
   return SWAP_AB ? 16 * w + g + 8 * ((i >> 1) & 1) : 8 * (i >> 2) + 2 * q + (i & 1);
 }
 
-template <bool OUT_BF16>
+// out[0..7] += v[0..7]: one 16-byte v4.bf16x2 reduction in L2 (out 16-byte aligned).
+__device__ __forceinline__ void red_add_bf16x8(uint16_t* out, float4 lo, float4 hi) {
+  asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};"
+               :: "l"(out), "r"(pack_bf16x2(lo.x, lo.y)), "r"(pack_bf16x2(lo.z, lo.w)),
+                  "r"(pack_bf16x2(hi.x, hi.y)), "r"(pack_bf16x2(hi.z, hi.w)) : "memory");
+}
+
+template <bool REDUCE_BF16>
 __device__ __forceinline__ void grouped_gemm(
     // weights: [E * rows_per_expert, k_dim] FP8, TMA box 64 x 128, 128-byte swizzle
     const TmaDescriptor* w_map, const float* __restrict__ w_scale,
@@ -91,8 +103,9 @@ __device__ __forceinline__ void grouped_gemm(
     const uint8_t* __restrict__ act, const float* __restrict__ act_scale,
     // route plan
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    // output [slots, rows_per_expert]: FP32, or BF16 times the slot's route weight
-    void* __restrict__ out, const float* __restrict__ route_w,
+    // output: FP32 [slots, rows_per_expert], or (REDUCE_BF16) BF16 [tokens, rows_per_expert]
+    // that each slot's row times its route weight is added into, at token = slot / out_div
+    void* __restrict__ out, const float* __restrict__ route_w, int out_div,
     int k_dim, int rows_per_expert, int row_div, int sentinel, int tiles_per_cta) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(smem_raw) + 1023) & ~uint64_t(1023));
@@ -223,20 +236,27 @@ __device__ __forceinline__ void grouped_gemm(
         acc[a] = 0.f;
       }
       named_barrier(1, CONSUMERS);
-      for (int idx = threadIdx.x; idx < BLOCK_T * (BLOCK_R / 4); idx += CONSUMERS) {
-        const int t = idx / (BLOCK_R / 4), r4 = (idx % (BLOCK_R / 4)) * 4;
-        const int slot = slots[t];
-        if (slot < 0 || slot >= sentinel) continue;
-        const float4 v = *reinterpret_cast<const float4*>(&c_tile[t * C_STRIDE + r4]);
-        const size_t o = size_t(slot) * rows_per_expert + tile * BLOCK_R + r4;
-        if (OUT_BF16) {
+      if (REDUCE_BF16) {
+        for (int idx = threadIdx.x; idx < BLOCK_T * (BLOCK_R / 8); idx += CONSUMERS) {
+          const int t = idx / (BLOCK_R / 8), r8 = (idx % (BLOCK_R / 8)) * 8;
+          const int slot = slots[t];
+          if (slot < 0 || slot >= sentinel) continue;
           const float rw = route_w[slot];
-          uint2 packed;
-          packed.x = pack_bf16x2(v.x * rw, v.y * rw);
-          packed.y = pack_bf16x2(v.z * rw, v.w * rw);
-          *reinterpret_cast<uint2*>(reinterpret_cast<uint16_t*>(out) + o) = packed;
-        } else {
-          *reinterpret_cast<float4*>(reinterpret_cast<float*>(out) + o) = v;
+          float4 lo = *reinterpret_cast<const float4*>(&c_tile[t * C_STRIDE + r8]);
+          float4 hi = *reinterpret_cast<const float4*>(&c_tile[t * C_STRIDE + r8 + 4]);
+          lo = make_float4(lo.x * rw, lo.y * rw, lo.z * rw, lo.w * rw);
+          hi = make_float4(hi.x * rw, hi.y * rw, hi.z * rw, hi.w * rw);
+          const size_t o = size_t(slot / out_div) * rows_per_expert + tile * BLOCK_R + r8;
+          red_add_bf16x8(reinterpret_cast<uint16_t*>(out) + o, lo, hi);
+        }
+      } else {
+        for (int idx = threadIdx.x; idx < BLOCK_T * (BLOCK_R / 4); idx += CONSUMERS) {
+          const int t = idx / (BLOCK_R / 4), r4 = (idx % (BLOCK_R / 4)) * 4;
+          const int slot = slots[t];
+          if (slot < 0 || slot >= sentinel) continue;
+          const size_t o = size_t(slot) * rows_per_expert + tile * BLOCK_R + r4;
+          *reinterpret_cast<float4*>(reinterpret_cast<float*>(out) + o) =
+              *reinterpret_cast<const float4*>(&c_tile[t * C_STRIDE + r4]);
         }
       }
     }
@@ -247,26 +267,31 @@ __device__ __forceinline__ void grouped_gemm(
 extern "C" __global__ void __launch_bounds__(THREADS) moe_grouped_gemm1(
     const __grid_constant__ TmaDescriptor w_map, const float* w_scale, const uint8_t* act,
     const float* act_scale, const int* sorted_ids, const int* expert_ids, float* out,
-    const float* route_w, int k_dim, int rows_per_expert, int row_div, int sentinel, int tiles_per_cta) {
-  grouped_gemm<false>(&w_map, w_scale, act, act_scale, sorted_ids, expert_ids, out, route_w,
+    int k_dim, int rows_per_expert, int row_div, int sentinel, int tiles_per_cta) {
+  grouped_gemm<false>(&w_map, w_scale, act, act_scale, sorted_ids, expert_ids, out, nullptr, 1,
                       k_dim, rows_per_expert, row_div, sentinel, tiles_per_cta);
 }
 
-// GEMM2: rows of w2 ([E*K, I]) against requantized slots; y[slot, K] = route weight * . in BF16.
+// GEMM2: rows of w2 ([E*K, I]) against requantized slots; out[slot / top_k, K] += route
+// weight * . in BF16 (the combine; `out` zeroed by moe_swiglu_quant).
 extern "C" __global__ void __launch_bounds__(THREADS) moe_grouped_gemm2(
     const __grid_constant__ TmaDescriptor w_map, const float* w_scale, const uint8_t* act,
     const float* act_scale, const int* sorted_ids, const int* expert_ids, uint16_t* out,
-    const float* route_w, int k_dim, int rows_per_expert, int row_div, int sentinel, int tiles_per_cta) {
-  grouped_gemm<true>(&w_map, w_scale, act, act_scale, sorted_ids, expert_ids, out, route_w,
-                     k_dim, rows_per_expert, row_div, sentinel, tiles_per_cta);
+    const float* route_w, int top_k, int k_dim, int rows_per_expert, int sentinel, int tiles_per_cta) {
+  grouped_gemm<true>(&w_map, w_scale, act, act_scale, sorted_ids, expert_ids, out, route_w, top_k,
+                     k_dim, rows_per_expert, 1, sentinel, tiles_per_cta);
 }
 
 // SwiGLU and per-slot FP8 requant, one warp per (slot, group of 128 intermediate values):
 // reads 2 x 512 B of h, writes 128 B of codes and one scale. Exactly the oracle's rule:
 // scale = max(amax / 448, 1e-10), code = e4m3(v / scale), round to nearest even, saturating.
+// It also zeroes `out` (out_vecs 16-byte vectors), which GEMM2 then reduces into: the
+// kernel between the GEMMs, so no launch of its own.
 extern "C" __global__ void __launch_bounds__(128) moe_swiglu_quant(
     const float* __restrict__ h, uint8_t* __restrict__ a, float* __restrict__ a_scale,
-    int num_slots, int inter) {
+    int num_slots, int inter, uint4* __restrict__ out, int out_vecs) {
+  for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < out_vecs; v += gridDim.x * blockDim.x)
+    out[v] = make_uint4(0u, 0u, 0u, 0u);
   const int groups = inter / 128;
   const int item = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slot = item / groups, grp = item % groups;
@@ -289,30 +314,4 @@ extern "C" __global__ void __launch_bounds__(128) moe_swiglu_quant(
   const uint32_t hi = pack_e4m3x2(v[2] / scale, v[3] / scale);
   *reinterpret_cast<uint32_t*>(a + size_t(slot) * inter + grp * 128 + lane * 4) = lo | (hi << 16);
   if (lane == 0) a_scale[size_t(slot) * groups + grp] = scale;
-}
-
-// out[t] = sum over k of y[t * top_k + k], 8 BF16 columns per thread: top_k x 16 B read,
-// 16 B written; FP32 sum, rounded to BF16 once.
-extern "C" __global__ void __launch_bounds__(256) moe_combine(
-    const uint16_t* __restrict__ y, uint16_t* __restrict__ out, int num_tokens, int top_k, int hidden) {
-  const int vecs = hidden / 8;
-  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  const int t = idx / vecs, v = idx % vecs;
-  if (t >= num_tokens) return;
-  float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int k = 0; k < top_k; ++k) {
-    const uint4 p = *reinterpret_cast<const uint4*>(y + (size_t(t) * top_k + k) * hidden + v * 8);
-    const uint32_t words[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      sum[2 * i] += bf16_lo(words[i]);
-      sum[2 * i + 1] += bf16_hi(words[i]);
-    }
-  }
-  uint4 r;
-  r.x = pack_bf16x2(sum[0], sum[1]);
-  r.y = pack_bf16x2(sum[2], sum[3]);
-  r.z = pack_bf16x2(sum[4], sum[5]);
-  r.w = pack_bf16x2(sum[6], sum[7]);
-  *reinterpret_cast<uint4*>(out + size_t(t) * hidden + v * 8) = r;
 }
