@@ -47,6 +47,9 @@ for s in "$@"; do case $s in
   sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   builds) stage builds python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --build wt=moebench/kernels/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;
+  cuda-tests) stage cuda-tests python3 -m pytest -q tests/test_cuda_arms_gpu.py ;;
+  fused-vs-rev) stage fused-vs-rev python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --build wt=moebench/kernels/sm90_fused_moe.cu --build base=git:"${BASE_REV:?set BASE_REV}" --ref base --out "$R" ;;
   gemm2-steps) stage gemm2-steps python3 scripts/gemm2_steps.py "$R/gemm2" ;;
   fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";

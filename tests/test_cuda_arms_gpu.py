@@ -92,10 +92,10 @@ def test_run_is_repeatable_zeroes_its_output_and_allocates_nothing(fixtures, arm
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
     assert torch.isfinite(call.output).all()
-    # GEMM2 reduces into the output in BF16, so the order of reductions may move the last
-    # bit: repeat runs agree to a few BF16 ulps, not bitwise
-    diff = (first.float() - call.output.float()).abs()
-    assert (diff <= 4 * torch.finfo(torch.bfloat16).eps * first.float().abs() + 1e-6).all()
+    # GEMM2 reduces into the output in BF16, so the order of the reductions moves last bits
+    # (of partial sums, which can be larger than the result): close, not bitwise
+    rel = (first.float() - call.output.float()).norm() / first.float().norm()
+    assert rel < 5e-3, f"repeat runs differ by {rel:.3g}"
     twice = first.float() * 2
     call.run()
     torch.cuda.synchronize()
