@@ -39,17 +39,6 @@ MAX_STAGES = 8
 FP8 = torch.float8_e4m3fn
 
 
-def meta_slots(block_m: int) -> int:
-    """Items whose meta is live at once (the kernel's META_SLOTS): n, n+1 and the one loading;
-    2 from BLOCK_M 32 so the ring keeps v2's depth."""
-    return 3 if block_m <= 24 else 2
-
-
-def abuf(block_m: int) -> int:
-    """SwiGLU exchange buffers (the kernel's ABUF): double-buffered where shared memory allows."""
-    return 2 if block_m <= 8 else 1
-
-
 # ------------------------------------------------------------------------------ weights
 
 
@@ -140,12 +129,11 @@ def meta_bytes(block_m: int, K: int) -> int:
 
 def shared_bytes(block_m: int, stages: int, K: int) -> int:
     """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
-    nab, slots = abuf(block_m), meta_slots(block_m)
-    n = stages * CHUNK_BYTES + stages * block_m * X_ROW + nab * block_m * GROUP * 4 + 8 * 16 * block_m * 4
+    n = stages * CHUNK_BYTES + stages * block_m * X_ROW + block_m * GROUP * 4 + 8 * 16 * block_m * 4
     n += block_m * AQ_ROW
     n = (n + 15) & ~15
-    n += 8 * 8 * STG_ROW * 4 + slots * meta_bytes(block_m, K)
-    return n + 2 * stages * 8 + 2 * slots * 8 + 2 * nab * 8
+    n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
+    return n + 2 * stages * 8 + 4 * 8 + 2 * 8
 
 
 def ctas_per_sm(block_m: int) -> int:
@@ -183,19 +171,13 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
     return min(capacity // block_m, (worst + block_m - 1) // block_m)
 
 
-def fused_defines(block_m: int, stages: int, per_sm: int | None = None) -> dict[str, str]:
-    """The kernel's defines for one meta-parameter set, as build_fused compiles it (ABUF and
-    META_SLOTS stated explicitly: shared_bytes() sizes the launch from the same values)."""
-    per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
-    return {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm),
-            "ABUF": str(abuf(block_m)), "META_SLOTS": str(meta_slots(block_m))}
-
-
 @functools.lru_cache(maxsize=None)
 def build_fused(block_m: int, stages: int, per_sm: int | None = None):
     """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
-    return compile_source(SOURCE, defines=fused_defines(block_m, stages, per_sm))
+    per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
+    return compile_source(SOURCE, defines={"BLOCK_M": str(block_m), "STAGES": str(stages),
+                                           "MIN_CTAS_PER_SM": str(per_sm)})
 
 
 def resident_clusters(kernel, smem: int, device_index: int, per_sm: int) -> int:

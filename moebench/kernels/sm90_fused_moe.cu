@@ -17,17 +17,14 @@
 // streams the same 48*K bytes per CTA, so a static stride balances as well as a queue.
 //
 // Warp roles: warps 0-7 compute (no __syncthreads in the loop: named barrier 1 among them);
-// warp 8 is the producer. It reads each item's route-plan entries and scales into one of
-// META_SLOTS shared "meta" slots (full/empty mbarriers) and streams the item's weight chunks (and, for
+// warp 8 is the producer. It reads each item's route-plan entries and scales into one of two
+// shared "meta" slots (full/empty mbarriers) and streams the item's weight chunks (and, for
 // GEMM1, the block's activation rows) into the ring with cp.async.bulk, running ahead across
 // item boundaries, so HBM stays busy through every SwiGLU exchange and item change.
 // The DSMEM exchange needs no cluster barrier per item: writers st.async into the
 // readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
-// requant arrives (relaxed, cluster) on every writer's `aempty` mbarrier, which the writer
-// waits on before it reuses that buffer. v3 pipelines the exchange across items: consumers
-// run GEMM1 of item n+1 between sending item n's SwiGLU and reading the group back (ring
-// order G1(0), G1(1), G2(0), G1(2), G2(1), ...), so a CTA waits for the slowest of its
-// cluster only when that one lags by more than a whole GEMM1. One cluster barrier at the start (remote
+// requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
+// waits on before its next item's stores. One cluster barrier at the start (remote
 // mbarriers initialised) and one at the end (no CTA leaves while others may write to it).
 //
 // Tensor cores: mma.sync m16n8k32 e4m3 in Swap-AB form: weights fill the 16-row A slot,
@@ -52,8 +49,7 @@
 // padding.
 //
 // Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8), STAGES (ring
-// depth), MIN_CTAS_PER_SM (1 or 2: the register budget; the host sizes STAGES to match),
-// ABUF (SwiGLU exchange buffers, 1 or 2) and META_SLOTS (2 or 3); fused_arm.fused_defines.
+// depth), MIN_CTAS_PER_SM (1 or 2: the register budget; the host sizes STAGES to match).
 
 #ifndef BLOCK_M
 #define BLOCK_M 8
@@ -61,17 +57,11 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
-#ifndef ABUF
-#define ABUF (BLOCK_M <= 8 ? 2 : 1)  // SwiGLU exchange buffers (afull): item n uses buffer n % ABUF
-#endif
 #ifndef MIN_CTAS_PER_SM
 #define MIN_CTAS_PER_SM (BLOCK_M <= 16 ? 2 : 1)
 #endif
 
 #define CLUSTER 8              // CTAs per cluster: 8 x 16 intermediate columns = one group
-#ifndef META_SLOTS
-#define META_SLOTS (BLOCK_M <= 24 ? 3 : 2)  // live items' meta: n (GEMM2), n+1 (GEMM1), n+2 (loading)
-#endif
 #define CONSUMERS 256          // warps 0-7 compute
 #define THREADS 288            // + warp 8, the producer
 #define GROUP 128              // FP8 block-scale granularity
@@ -80,11 +70,8 @@
 #define AQ_ROW 144             // shared row of requantized intermediate: 128 bytes + 16
 #define STG_ROW 20             // epilogue staging row (floats): 16 + 4, conflict-free
 #define NT (BLOCK_M / 8)       // mma n-tiles per block
-#define NH ((NT + 1) / 2)      // GEMM1 n-tiles per pass when NT > 4 (two passes, see gemm1)
-#define NTA (NT <= 4 ? NT : 2 * NH)  // GEMM1 accumulator tiles (NT rounded up to two passes)
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 64, "BLOCK_M: a multiple of 8, at most 64");
-static_assert(ABUF == 1 || ABUF == 2, "ABUF: 1 or 2");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
 
 typedef unsigned char u8;
@@ -224,14 +211,14 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 // Offsets in bytes from the dynamic shared base; fused_arm.py mirrors this (shared_bytes()).
 //   ring   STAGES x 16 KB          weight chunks
 //   xring  STAGES x BLOCK_M x 528  activation rows of GEMM1 chunks
-//   afull  ABUF x BLOCK_M x 128 floats  the group's SwiGLU output, stored by all 8 CTAs
+//   afull  BLOCK_M x 128 floats    the group's SwiGLU output, stored by all 8 CTAs
 //   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
-//   meta   META_SLOTS x META bytes per item: expert, group, block; token, route weight,
+//   meta   2 x META bytes          per item: expert, group, block; token, route weight,
 //                                  requant scale x route weight [BLOCK_M]; activation scales
 //                                  [KB][BLOCK_M]; gate/up scales [2][KB]; down scales [KB]
-//   bars   full, empty [STAGES]; mfull, mempty [META_SLOTS]; abar, aempty [ABUF]
+//   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty
 
 __host__ __device__ constexpr u32 meta_bytes(int KB) {
     return (16 + 3 * BLOCK_M * 4 + KB * BLOCK_M * 4 + 3 * KB * 4 + 15) & ~15u;
@@ -263,26 +250,21 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
     u32 off = 0;
     s.ring = base + off;   off += STAGES * CHUNK_BYTES;
     s.xring = base + off;  off += STAGES * BLOCK_M * X_ROW;
-    s.afull = reinterpret_cast<float*>(base + off);  off += ABUF * BLOCK_M * GROUP * 4;
+    s.afull = reinterpret_cast<float*>(base + off);  off += BLOCK_M * GROUP * 4;
     s.red = reinterpret_cast<float*>(base + off);    off += 8 * 16 * BLOCK_M * 4;
     s.aq = base + off;                               off += BLOCK_M * AQ_ROW;
     off = (off + 15) & ~15u;
     s.stg = reinterpret_cast<float*>(base + off);    off += 8 * 8 * STG_ROW * 4;
-    s.meta = base + off;                             off += META_SLOTS * meta_bytes(KB);
+    s.meta = base + off;                             off += 2 * meta_bytes(KB);
     s.full = smem_u32(base + off);                   off += STAGES * 8;
     s.empty = smem_u32(base + off);                  off += STAGES * 8;
-    s.mfull = smem_u32(base + off);                  off += META_SLOTS * 8;
-    s.mempty = smem_u32(base + off);                 off += META_SLOTS * 8;
-    s.abar = smem_u32(base + off);                   off += ABUF * 8;
-    s.aempty = smem_u32(base + off);                 off += ABUF * 8;
+    s.mfull = smem_u32(base + off);                  off += 2 * 8;
+    s.mempty = smem_u32(base + off);                 off += 2 * 8;
+    s.abar = smem_u32(base + off);                   off += 8;
+    s.aempty = smem_u32(base + off);                 off += 8;
     s.bytes = off;
     return s;
 }
-
-// One item as the producer sees it.
-struct Item {
-    const u8* w1; const u8* w2; int e; int g; int slot;
-};
 
 // ------------------------------------------------------------------------------ the kernel
 
@@ -321,14 +303,12 @@ moebench_fused_moe(
             mbar_init(sm.full + 8 * st, 1);
             mbar_init(sm.empty + 8 * st, 8);         // one arrival per consumer warp
         }
-        for (int b = 0; b < META_SLOTS; ++b) {
+        for (int b = 0; b < 2; ++b) {
             mbar_init(sm.mfull + 8 * b, 32);         // the producer warp's lanes
             mbar_init(sm.mempty + 8 * b, CONSUMERS);
         }
-        for (int b = 0; b < ABUF; ++b) {
-            mbar_init(sm.abar + 8 * b, 1);           // local expect_tx; bytes from 8 CTAs
-            mbar_init(sm.aempty + 8 * b, CLUSTER);   // one arrival per reading CTA
-        }
+        mbar_init(sm.abar, 1);                       // local expect_tx; bytes from 8 CTAs
+        mbar_init(sm.aempty, CLUSTER);               // one arrival per reading CTA
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     // The activation ring starts zeroed: padding rows are never copied (see the header).
@@ -340,133 +320,101 @@ moebench_fused_moe(
 
     if (warp == 8) {
         // ================================================================ producer warp
-        // Ring order (the consumers' order): G1(0), then G1(n+1), G2(n) for n = 0, 1, ...
         const int ntpp = __ldg(num_tokens_post_padded);
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
         const long items = static_cast<long>(max(nblocks, 0)) * G;
         long w = cid;
         u32 gc = 0;  // chunks issued
-        // The next valid item into meta slot n % META_SLOTS: header and tokens (e < 0: the end,
-        // published at once).
-        auto begin_item = [&](int n) -> Item {
-            Item it;
+        for (int n = 0;; ++n, w += ncl) {
             int e = -1, g = 0, block = 0;
-            for (; w < items; w += ncl) {  // warp-uniform
+            for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
                 block = static_cast<int>(w / G);
                 g = static_cast<int>(w - static_cast<long>(block) * G);
                 e = __ldg(expert_ids + block);
                 if (e >= 0 && e < E) break;
                 e = -1;
             }
-            w += ncl;
-            it.e = e; it.g = g; it.slot = n % META_SLOTS;
-            mbar_wait(sm.mempty + 8 * it.slot, ((n / META_SLOTS) & 1) ^ 1);
-            const Meta im = meta_at(sm.meta + it.slot * MB, KB);
-            if (lane == 0) { im.hdr[0] = e; im.hdr[1] = g; im.hdr[2] = block; }
-            it.w1 = it.w2 = nullptr;
-            if (e >= 0) {
-                for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
-                    const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
-                    const bool valid = s >= 0 && s < num_slots;
-                    im.tok[r] = valid ? s / top_k : -1;
-                    im.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
-                }
-                const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
-                it.w1 = w1f + cta * 32 * static_cast<size_t>(K);   // 32 rows x K
-                it.w2 = w2f + cta * 16 * static_cast<size_t>(K);   // K/8 rows x 128
+            const int slot = n & 1;
+            mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
+            const Meta m = meta_at(sm.meta + slot * MB, KB);
+            if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; m.hdr[2] = block; }
+            if (e < 0) {
+                __syncwarp();
+                mbar_arrive(sm.mfull + 8 * slot);
+                break;
+            }
+            for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
+                const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
+                const bool valid = s >= 0 && s < num_slots;
+                m.tok[r] = valid ? s / top_k : -1;
+                m.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
             }
             __syncwarp();
-            if (e < 0) mbar_arrive(sm.mfull + 8 * it.slot);
-            return it;
-        };
-        // The item's scales, then publish its meta to the consumers.
-        auto finish_item = [&](const Item& it) {
-            const Meta m = meta_at(sm.meta + it.slot * MB, KB);
+            const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
+            const u8* w1_cta = w1f + cta * 32 * static_cast<size_t>(K);   // 32 rows x K
+            const u8* w2_cta = w2f + cta * 16 * static_cast<size_t>(K);   // K/8 rows x 128
+            auto issue = [&](int j) {
+                const u32 st = gc % STAGES;
+                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
+                if (j < n1) {
+                    const u32 wbytes = min(4, KB - 4 * j) * 4096;
+                    const u32 abytes = min(4, KB - 4 * j) * GROUP;
+                    int valid = 0;
+                    for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
+                        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                                  wbytes, sm.full + 8 * st);
+                    }
+                    for (int r = lane; r < BLOCK_M; r += 32) {
+                        const int t = m.tok[r];
+                        if (t >= 0)
+                            bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
+                                      x + static_cast<size_t>(t) * K + j * 512, abytes, sm.full + 8 * st);
+                    }
+                } else if (lane == 0) {
+                    const u32 wbytes = min(8, KB - 8 * (j - n1)) * 2048;
+                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+                }
+                ++gc;
+            };
+            // The first item's first chunks go out before its scales are read (the ring is free).
+            const int pre = n == 0 ? min(STAGES, total) : 0;
+            for (int j = 0; j < pre; ++j) issue(j);
             for (int i = lane; i < KB * BLOCK_M; i += 32) {
                 const int kb = i / BLOCK_M, r = i % BLOCK_M, t = m.tok[r];
                 m.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
             }
             for (int i = lane; i < KB; i += 32) {
-                m.w1s[i] = __ldg(w1_scale + (static_cast<size_t>(it.e) * 2 * G + it.g) * KB + i);
-                m.w1s[KB + i] = __ldg(w1_scale + (static_cast<size_t>(it.e) * 2 * G + G + it.g) * KB + i);
-                m.w2s[i] = __ldg(w2_scale + (static_cast<size_t>(it.e) * KB + i) * G + it.g);
+                m.w1s[i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
+                m.w1s[KB + i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
+                m.w2s[i] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
             }
             __syncwarp();
-            mbar_arrive(sm.mfull + 8 * it.slot);
-        };
-        auto issue = [&](const Item& it, int j) {
-            const u32 st = gc % STAGES;
-            mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
-            if (j < n1) {
-                const u32 wbytes = min(4, KB - 4 * j) * 4096;
-                const u32 abytes = min(4, KB - 4 * j) * GROUP;
-                int valid = 0;
-                const int* tok = meta_at(sm.meta + it.slot * MB, KB).tok;
-                for (int r = 0; r < BLOCK_M; ++r) valid += tok[r] >= 0;
-                if (lane == 0) {
-                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), it.w1 + static_cast<size_t>(j) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
-                }
-                for (int r = lane; r < BLOCK_M; r += 32) {
-                    const int t = tok[r];
-                    if (t >= 0)
-                        bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
-                                  x + static_cast<size_t>(t) * K + j * 512, abytes, sm.full + 8 * st);
-                }
-            } else if (lane == 0) {
-                const u32 wbytes = min(8, KB - 8 * (j - n1)) * 2048;
-                mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-                bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), it.w2 + static_cast<size_t>(j - n1) * CHUNK_BYTES,
-                          wbytes, sm.full + 8 * st);
-            }
-            ++gc;
-        };
-        Item cur = begin_item(0);
-        if (cur.e >= 0) {
-            // The first item's first chunks go out before its scales are read (the ring is free).
-            const int pre = min(STAGES, n1);
-            for (int j = 0; j < pre; ++j) issue(cur, j);
-            finish_item(cur);
-            for (int j = pre; j < n1; ++j) issue(cur, j);
-            for (int n = 0;; ++n) {
-                const Item nxt = begin_item(n + 1);
-                if (nxt.e >= 0) {
-                    finish_item(nxt);
-                    for (int j = 0; j < n1; ++j) issue(nxt, j);
-                }
-                for (int j = n1; j < total; ++j) issue(cur, j);
-                if (nxt.e < 0) break;
-                cur = nxt;
-            }
+            mbar_arrive(sm.mfull + 8 * slot);
+            for (int j = pre; j < total; ++j) issue(j);
         }
         cluster_wait_acquire();
     } else {
         // ================================================================ consumer warps
-        // Per item n: GEMM1(n+1) runs between sending item n's SwiGLU and reading the group's
-        // columns back, so the exchange waits for the slowest CTA of the cluster only when it
-        // lags by more than a whole GEMM1.
         const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
         const int mt = warp & 1, kb_in_chunk = warp >> 1;
         const int row0 = rank * (K / CLUSTER);
         u32 gc = 0;  // chunks consumed
         bool joined = false;
-        float acc[NTA][4];
+        for (int n = 0;; ++n) {
+            const int slot = n & 1;
+            mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
+            const Meta m = meta_at(sm.meta + slot * MB, KB);
+            if (m.hdr[0] < 0) break;
 
-        // Items are passed around as meta slot numbers (cheaper to keep live than 7 pointers).
-        auto wait_meta = [&](int n) -> int {
-            const int slot = n % META_SLOTS;
-            mbar_wait(sm.mfull + 8 * slot, (n / META_SLOTS) & 1);
-            return slot;
-        };
-        auto meta = [&](int slot) -> Meta { return meta_at(sm.meta + slot * MB, KB); };
-
-        // ---- GEMM1: h[32 rows, BLOCK_M] over K. Warp w: rows of mt = w & 1 (gate, up), the
-        // k block w >> 1 of every chunk. Per chunk and warp: 2 KB of weights, 4*NT mma.
-        auto gemm1 = [&](int slot) {
-            const Meta m = meta(slot);
+            // ---- GEMM1: h[32 rows, BLOCK_M] over K. Warp w: rows of mt = w & 1 (gate, up), the
+            // k block w >> 1 of every chunk. Per chunk and warp: 2 KB of weights, 4*NT mma.
+            float acc[NT][4];
             #pragma unroll
-            for (int t = 0; t < NTA; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+            for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
             for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
@@ -477,8 +425,8 @@ moebench_fused_moe(
                     #pragma unroll
                     for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
                     const float sw = m.w1s[mt * KB + kb];
-                    // n-tile t (tokens 8t..8t+7): d += (A . B_t) * sw * x_scale[token]
-                    auto tile = [&](float (&d)[4], int t) {
+                    #pragma unroll
+                    for (int t = 0; t < NT; ++t) {
                         const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + kb_in_chunk * GROUP + tq * 32;
                         const uint4 blo = *reinterpret_cast<const uint4*>(xb);
                         const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
@@ -486,90 +434,53 @@ moebench_fused_moe(
                         mma_block(p, a, blo, bhi);
                         const float s0 = sw * m.xs[kb * BLOCK_M + t * 8 + 2 * tq];
                         const float s1 = sw * m.xs[kb * BLOCK_M + t * 8 + 2 * tq + 1];
-                        d[0] += p[0] * s0;
-                        d[1] += p[1] * s1;
-                        d[2] += p[2] * s0;
-                        d[3] += p[3] * s1;
-                    };
-#if NT <= 4
-                    #pragma unroll
-                    for (int t = 0; t < NT; ++t) tile(acc[t], t);
-#else
-                    // More than 4 n-tiles (BLOCK_M > 32): two rolled passes of NH tiles. Fully
-                    // unrolled, ptxas interleaves all 8 tiles' fragments and spills at BLOCK_M 64
-                    // (168 registers: 9 warps, 1 CTA/SM). Each pass updates acc[0, NH), then the
-                    // halves swap, so after the second pass every tile is back in place.
-                    #pragma unroll 1
-                    for (int h = 0; h < 2; ++h) {
-                        float nxt[NH][4];
-                        #pragma unroll
-                        for (int u = 0; u < NH; ++u) {
-                            #pragma unroll
-                            for (int c = 0; c < 4; ++c) nxt[u][c] = acc[u][c];
-                            if (h * NH + u < NT) tile(nxt[u], h * NH + u);  // odd NT: one spare tile
-                        }
-                        #pragma unroll
-                        for (int u = 0; u < NH; ++u) {
-                            #pragma unroll
-                            for (int c = 0; c < 4; ++c) { acc[u][c] = acc[NH + u][c]; acc[NH + u][c] = nxt[u][c]; }
-                        }
+                        acc[t][0] += p[0] * s0;
+                        acc[t][1] += p[1] * s1;
+                        acc[t][2] += p[2] * s0;
+                        acc[t][3] += p[3] * s1;
                     }
-#endif
                 }
                 __syncwarp();
                 if (lane == 0) mbar_arrive(sm.empty + 8 * st);  // this warp is done with stage st
             }
-        };
 
-        // GEMM1's partials into `red` (frees the accumulators before GEMM2). Callers make sure
-        // every thread is past the previous send's reads of `red` (a consumer barrier).
-        auto stash = [&]() {
+            // ---- the four k-block partials per row, SwiGLU, st.async to all 8 CTAs
             #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 float* r = sm.red + (warp * 16 + gq) * BLOCK_M + t * 8 + 2 * tq;
                 *reinterpret_cast<float2*>(r) = make_float2(acc[t][0], acc[t][1]);
                 *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[t][2], acc[t][3]);
             }
-        };
-
-        // ---- item n: the four k-block partials per row, SwiGLU, st.async to all 8 CTAs
-        auto send = [&](int n) {
-            const int b = n % ABUF;
-            named_sync_consumers();  // every warp's partials are in `red`
+            named_sync_consumers();
             if (!joined) { cluster_wait_acquire(); joined = true; }  // every CTA's barriers exist
-            if (tid == 0) mbar_arrive_expect_tx(sm.abar + 8 * b, BLOCK_M * GROUP * 4);
-            if (n >= ABUF) mbar_wait_cluster(sm.aempty + 8 * b, (n / ABUF - 1) & 1);  // buffer b read by all
-            const u32 dst_rank = warp;  // warp w stores into CTA w
-            const u32 rbar = mapa(sm.abar + 8 * b, dst_rank);
-            float* af = sm.afull + b * BLOCK_M * GROUP;
-            for (int i = lane; i < BLOCK_M * 4; i += 32) {
-                const int t = i >> 2, q = i & 3;  // token, 4 of this CTA's 16 columns
-                float a[4];
-                #pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int row = 4 * q + c;
-                    float hg = 0.0f, hu = 0.0f;
+            if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
+            if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
+            {
+                const u32 dst_rank = warp;  // warp w stores into CTA w
+                const u32 rbar = mapa(sm.abar, dst_rank);
+                for (int i = lane; i < BLOCK_M * 4; i += 32) {
+                    const int t = i >> 2, q = i & 3;  // token, 4 of this CTA's 16 columns
+                    float a[4];
                     #pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        hg += sm.red[((2 * k) * 16 + row) * BLOCK_M + t];
-                        hu += sm.red[((2 * k + 1) * 16 + row) * BLOCK_M + t];
+                    for (int c = 0; c < 4; ++c) {
+                        const int row = 4 * q + c;
+                        float hg = 0.0f, hu = 0.0f;
+                        #pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            hg += sm.red[((2 * k) * 16 + row) * BLOCK_M + t];
+                            hu += sm.red[((2 * k + 1) * 16 + row) * BLOCK_M + t];
+                        }
+                        a[c] = silu(hg) * hu;
                     }
-                    a[c] = silu(hg) * hu;
+                    const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * 16 + 4 * q), dst_rank);
+                    st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
                 }
-                const u32 dst = mapa(smem_u32(af + t * GROUP + rank * 16 + 4 * q), dst_rank);
-                st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
             }
-        };
+            mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
 
-        // ---- item n: the group's 128 columns are here; requant per token (warp w: tokens
-        // w, w+8, ...), then tell every writer that buffer n % ABUF may be refilled.
-        auto requant = [&](int slot, int n) {
-            const Meta m = meta(slot);
-            const int b = n % ABUF;
-            mbar_wait_cluster(sm.abar + 8 * b, (n / ABUF) & 1);
-            const float* af = sm.afull + b * BLOCK_M * GROUP;
+            // ---- requant per token over the group: warp w takes tokens w, w+8, ...
             for (int t = warp; t < BLOCK_M; t += 8) {
-                const float4 v = *reinterpret_cast<const float4*>(af + t * GROUP + lane * 4);
+                const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
                 float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
                 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -579,13 +490,10 @@ moebench_fused_moe(
                 if (lane == 0) m.tmul[t] = scale * m.rw[t];
             }
             named_sync_consumers();
-            if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty + 8 * b, tid));
-        };
+            if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));  // afull may be refilled
 
-        // ---- GEMM2: y[K/8 rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
-        // Warp w: m-tile w of every chunk (16 rows); per chunk and warp 2 KB, 4*NT mma.
-        auto gemm2 = [&](int slot) {
-            const Meta m = meta(slot);
+            // ---- GEMM2: y[K/8 rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
+            // Warp w: m-tile w of every chunk (16 rows); per chunk and warp 2 KB, 4*NT mma.
             float* stg = sm.stg + warp * 8 * STG_ROW;
             for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
@@ -629,25 +537,7 @@ moebench_fused_moe(
                 __syncwarp();
                 if (lane == 0) mbar_arrive(sm.empty + 8 * st);
             }
-        };
-
-        int m = wait_meta(0);
-        if (meta(m).hdr[0] >= 0) {
-            gemm1(m);
-            stash();
-            send(0);
-            for (int n = 0;; ++n) {
-                const int m1 = wait_meta(n + 1);
-                const bool more = meta(m1).hdr[0] >= 0;
-                if (more) gemm1(m1);   // hides the exchange of item n
-                requant(m, n);         // ends with a consumer barrier: send(n)'s reads are done
-                if (more) stash();
-                gemm2(m);
-                mbar_arrive(sm.mempty + 8 * (n % META_SLOTS));  // this thread is done with item n's meta
-                if (!more) break;
-                send(n + 1);
-                m = m1;
-            }
+            mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
         }
         if (!joined) cluster_wait_acquire();
     }
