@@ -50,6 +50,13 @@ for s in "$@"; do case $s in
   cuda-tests) stage cuda-tests python3 -m pytest -q tests/test_cuda_arms_gpu.py ;;
   fused-vs-rev) stage fused-vs-rev python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --build wt=moebench/kernels/sm90_fused_moe.cu --build base=git:"${BASE_REV:?set BASE_REV}" --ref base --out "$R" ;;
+  fused-variants) stage fused-variants python3 scripts/arm_variants.py "$R/variants" --arm cuda-fused \
+         --variant bm8:block_m=8 --variant bm16:block_m=16 ;;
+  ncu-fused) stage ncu-fused bash -c "for p in 'A128 cuda-fused moebench_fused_moe 2 1' 'Q8 cuda-fused moebench_fused_moe 2 1' 'A128 cuda-swapab moe_grouped_gemm 4 2'; do
+         set -- \$p; f=$W/logs/ncu-\$1-\$2;
+         ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 scripts/profile_arm.py \$1 \$2 4;
+         ncu --import \$f.ncu-rep --page details > \$f-details.txt;
+         ncu --import \$f.ncu-rep --page source --csv --print-source sass > \$f-sass.csv; gzip -f \$f-sass.csv; rm -f \$f.ncu-rep; done" ;;
   gemm2-steps) stage gemm2-steps python3 scripts/gemm2_steps.py "$R/gemm2" ;;
   fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
