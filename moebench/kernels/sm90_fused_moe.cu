@@ -17,12 +17,10 @@
 // streams the same 48*K bytes per CTA, so a static stride balances as well as a queue.
 //
 // Warp roles: warps 0-7 compute (no __syncthreads in the loop: named barrier 1 among them);
-// warp 8 is the producer. It streams each item's weight chunks (and, for GEMM1, the block's
-// activation rows) into the ring with cp.async.bulk, running ahead across item boundaries so
-// HBM stays busy through every SwiGLU exchange and item change; and, one item ahead, it reads
-// the next item's route-plan entries and scales into the other of two shared "meta" slots
-// (full/empty mbarriers), just after issuing the current item's first chunks, so an item
-// change never waits on that chain of dependent reads.
+// warp 8 is the producer. It reads each item's route-plan entries and scales into one of two
+// shared "meta" slots (full/empty mbarriers) and streams the item's weight chunks (and, for
+// GEMM1, the block's activation rows) into the ring with cp.async.bulk, running ahead across
+// item boundaries, so HBM stays busy through every SwiGLU exchange and item change.
 // The DSMEM exchange needs no cluster barrier per item: writers st.async into the
 // readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
 // requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
@@ -327,57 +325,31 @@ moebench_fused_moe(
         const long items = static_cast<long>(max(nblocks, 0)) * G;
         long w = cid;
         u32 gc = 0;  // chunks issued
-        // The next valid item at or after w (warp-uniform): its expert, or -1 when none is left.
-        auto find = [&](long& wi, int& e, int& g, int& block) {
-            e = -1;
-            for (; wi < items; wi += ncl) {
-                block = static_cast<int>(wi / G);
-                g = static_cast<int>(wi - static_cast<long>(block) * G);
+        for (int n = 0;; ++n, w += ncl) {
+            int e = -1, g = 0, block = 0;
+            for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
+                block = static_cast<int>(w / G);
+                g = static_cast<int>(w - static_cast<long>(block) * G);
                 e = __ldg(expert_ids + block);
-                if (e >= 0 && e < E) return;
+                if (e >= 0 && e < E) break;
                 e = -1;
             }
-        };
-        // An item's meta, in two parts: the header and token rows (what `issue` reads), then
-        // the route weights and scales (what only the consumers read), published on mfull.
-        auto meta_rows = [&](const Meta& m, int e, int g, int block) {
-            if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; m.hdr[2] = block; }
-            if (e >= 0) {
-                for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
-                    const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
-                    const bool valid = s >= 0 && s < num_slots;
-                    m.tok[r] = valid ? s / top_k : -1;
-                    m.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
-                }
-            }
-            __syncwarp();
-        };
-        auto meta_scales = [&](const Meta& m, int e, int g, u32 slot) {
-            if (e >= 0) {
-                for (int i = lane; i < KB * BLOCK_M; i += 32) {
-                    const int kb = i / BLOCK_M, r = i % BLOCK_M, t = m.tok[r];
-                    m.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
-                }
-                for (int i = lane; i < KB; i += 32) {
-                    m.w1s[i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
-                    m.w1s[KB + i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
-                    m.w2s[i] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
-                }
-            }
-            __syncwarp();
-            mbar_arrive(sm.mfull + 8 * slot);
-        };
-
-        int e, g, block = 0;
-        find(w, e, g, block);
-        for (int n = 0;; ++n, w += ncl) {
-            const u32 slot = n & 1;
+            const int slot = n & 1;
+            mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
-            if (n == 0) {  // item 0's meta; later items' was written during the item before
-                meta_rows(m, e, g, block);
-                if (e < 0) { mbar_arrive(sm.mfull); break; }
+            if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; m.hdr[2] = block; }
+            if (e < 0) {
+                __syncwarp();
+                mbar_arrive(sm.mfull + 8 * slot);
+                break;
             }
-            if (e < 0) break;  // the terminator is published: nothing left to stream
+            for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
+                const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
+                const bool valid = s >= 0 && s < num_slots;
+                m.tok[r] = valid ? s / top_k : -1;
+                m.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
+            }
+            __syncwarp();
             const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
             const u8* w1_cta = w1f + cta * 32 * static_cast<size_t>(K);   // 32 rows x K
             const u8* w2_cta = w2f + cta * 16 * static_cast<size_t>(K);   // K/8 rows x 128
@@ -408,25 +380,21 @@ moebench_fused_moe(
                 }
                 ++gc;
             };
-            // The item's first chunks go out first (for item 0, before its scales are read).
-            const int pre = min(STAGES, total);
+            // The first item's first chunks go out before its scales are read (the ring is free).
+            const int pre = n == 0 ? min(STAGES, total) : 0;
             for (int j = 0; j < pre; ++j) issue(j);
-            if (n == 0) meta_scales(m, e, g, slot);
-            // Look ahead: the next item's meta goes into the other slot now, while this item's
-            // first chunks are in flight, so no item change waits on a chain of plan and scale
-            // reads. That slot held item n-1, whose consumers are done with it by the time they
-            // free the ring stages this item's first chunks took.
-            long wn = w + ncl;
-            int en, gn, bn = 0;
-            find(wn, en, gn, bn);
-            const u32 nslot = (n + 1) & 1;
-            mbar_wait(sm.mempty + 8 * nslot, (((n + 1) >> 1) & 1) ^ 1);
-            const Meta mn = meta_at(sm.meta + nslot * MB, KB);
-            meta_rows(mn, en, gn, bn);
-            meta_scales(mn, en, gn, nslot);
+            for (int i = lane; i < KB * BLOCK_M; i += 32) {
+                const int kb = i / BLOCK_M, r = i % BLOCK_M, t = m.tok[r];
+                m.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
+            }
+            for (int i = lane; i < KB; i += 32) {
+                m.w1s[i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
+                m.w1s[KB + i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
+                m.w2s[i] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
+            }
+            __syncwarp();
+            mbar_arrive(sm.mfull + 8 * slot);
             for (int j = pre; j < total; ++j) issue(j);
-            w = wn - ncl;  // the loop's w += ncl lands on the next item
-            e = en; g = gn; block = bn;
         }
         cluster_wait_acquire();
     } else {
