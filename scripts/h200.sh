@@ -52,6 +52,8 @@ for s in "$@"; do case $s in
          --build wt=moebench/kernels/sm90_fused_moe.cu --build base=git:"${BASE_REV:?set BASE_REV}" --ref base --out "$R" ;;
   fused-variants) stage fused-variants python3 scripts/arm_variants.py "$R/variants" --arm cuda-fused \
          --variant bm8:block_m=8 --variant bm16:block_m=16 ;;
+  fused-stages) stage fused-stages python3 scripts/arm_variants.py "$R/stages" --arm cuda-fused \
+         --variant s4:block_m=8,stages=4 --variant s3:block_m=8,stages=3 --variant s2:block_m=8,stages=2 ;;
   ncu-fused) stage ncu-fused bash -c "for p in 'A128 cuda-fused moebench_fused_moe 2 1' 'Q8 cuda-fused moebench_fused_moe 2 1' 'A128 cuda-swapab moe_grouped_gemm 4 2'; do
          set -- \$p; f=$W/logs/ncu-\$1-\$2;
          ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 scripts/profile_arm.py \$1 \$2 4;
