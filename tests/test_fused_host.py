@@ -337,6 +337,27 @@ from moebench.fixtures.shapes import BUILTIN_FAMILIES as _FAMILIES  # noqa: E402
 NVCC_RELEASE = "13.0"
 
 
+def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
+    from moebench.kernels.fused_arm import pick_occupancy
+    two, three = (2, 30), (3, 45)  # clusters of 8 the H200 fits at 2 and 3 CTAs an SM
+    # the four fixtures' items (blocks of 8 x one requant group) and what the H200 measured
+    assert pick_occupancy(57, [two, three]) == 0  # A8: 2 rounds either way; 3/SM lost (0.96x)
+    assert pick_occupancy(74, [two, three]) == 1  # Q8: 3 rounds -> 2 (1.02x)
+    assert pick_occupancy(280, [two, three]) == 1  # A128: 10 rounds -> 7 (1.12x)
+    assert pick_occupancy(470, [two, three]) == 1  # Q128: 16 -> 11 (1.10x)
+    assert pick_occupancy(30, [two, three]) == 0  # one round fits either way
+    assert pick_occupancy(1, [two]) == 0
+    assert pick_occupancy(0, [two, three]) == 0
+
+
+def test_one_more_cta_an_sm_fits_only_with_a_shallow_ring():
+    # BLOCK_M 8 at the fixtures' K: 4 stages at 2 an SM, 2 at 3 (what pick_occupancy compares)
+    for K in (7168, 2048):
+        assert choose_stages(8, K, 2) == 4 and choose_stages(8, K, 3) == 2
+        assert 3 * (shared_bytes(8, 2, K) + 1024) <= fused_arm.SMEM_PER_SM
+        assert 3 * (shared_bytes(8, 3, K) + 1024) > fused_arm.SMEM_PER_SM
+
+
 def _nvcc() -> str | None:
     found = shutil.which("nvcc")
     if not found:
@@ -355,10 +376,14 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
     ks = sorted({f.K for f in _FAMILIES.values()} | {2048})
     for bm in (8, 16, 32, 64):
         for K in ks:
-            d = {"BLOCK_M": str(bm), "STAGES": str(choose_stages(bm, K)),
-                 "MIN_CTAS_PER_SM": str(fused_arm.ctas_per_sm(bm))}
-            if (fused_arm.SOURCE, d) not in out:
-                out.append((fused_arm.SOURCE, d))
+            for per_sm in (fused_arm.ctas_per_sm(bm), fused_arm.ctas_per_sm(bm) + 1):  # pick_occupancy's two
+                try:
+                    stages = choose_stages(bm, K, per_sm)
+                except UserError:
+                    continue
+                d = {"BLOCK_M": str(bm), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm)}
+                if (fused_arm.SOURCE, d) not in out:
+                    out.append((fused_arm.SOURCE, d))
     out.append((fused_arm.SOURCE, {"BLOCK_M": "16", "STAGES": "2", "MIN_CTAS_PER_SM": "2"}))  # sanitizer
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):
         out.append(("sm90_grouped_gemm.cu", cfg.defines()))

@@ -142,6 +142,21 @@ def ctas_per_sm(block_m: int) -> int:
     return 2 if block_m <= 16 else 1
 
 
+def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
+    """Index into `options` ((CTAs an SM, resident clusters), fewest CTAs an SM first) of
+    the launch to use: one more CTA an SM (shallower ring, more consumer warps: measured
+    1.10-1.12x at A128 and Q128 on the H200, results/h200/experiments/cuda-fused-stages-*)
+    only where its extra clusters take whole rounds of items off, since each round is
+    slower; where the rounds stay the same it lost (A8: 57 items, 2 rounds either way,
+    0.96x)."""
+    rounds = [-(-items // max(c, 1)) for _, c in options]
+    best = 0
+    for i in range(1, len(options)):
+        if rounds[i] < rounds[best]:
+            best = i
+    return best
+
+
 def choose_stages(block_m: int, K: int, per_sm: int | None = None) -> int:
     """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs resident on an SM."""
     per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
@@ -259,9 +274,12 @@ def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, o
 
 def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
                       out: torch.Tensor | None = None, *, stages: int | None = None,
-                      per_sm: int | None = None, max_clusters: int | None = None):
+                      per_sm: int | None = None, max_clusters: int | None = None,
+                      items: int | None = None):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
-    (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream."""
+    (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream.
+    With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
+    (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit
@@ -269,17 +287,32 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
     bm, K = dims["block_m"], dims["K"]
-    per_sm = ctas_per_sm(bm) if per_sm is None else per_sm
-    stages = choose_stages(bm, K, per_sm) if stages is None else stages
-    smem = shared_bytes(bm, stages, K)
-    _need(2 <= stages <= 10 and smem <= SMEM_PER_CTA, f"stages={stages} needs {smem} B of shared memory")
-    module = build_fused(bm, stages, per_sm)
-    kernel = module.kernel(KERNEL_NAME, x.device.index)
-    raise_shared_limit(kernel, smem, x.device.index)
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
-    clusters = min(resident_clusters(kernel, smem, x.device.index, per_sm), max_blocks * G)
-    clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
+    items = max_blocks * G if items is None else items
+    if per_sm is None and stages is None:
+        # the default occupancy, or one more CTA an SM with the deepest ring that still fits
+        per_sm_options = [ctas_per_sm(bm)]
+        try:
+            choose_stages(bm, K, per_sm_options[0] + 1)
+            per_sm_options.append(per_sm_options[0] + 1)
+        except UserError:
+            pass
+    else:
+        per_sm_options = [ctas_per_sm(bm) if per_sm is None else per_sm]
+    launches = []
+    for ps in per_sm_options:
+        st = choose_stages(bm, K, ps) if stages is None else stages
+        smem = shared_bytes(bm, st, K)
+        _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
+        module = build_fused(bm, st, ps)
+        kernel = module.kernel(KERNEL_NAME, x.device.index)
+        raise_shared_limit(kernel, smem, x.device.index)
+        clusters = min(resident_clusters(kernel, smem, x.device.index, ps), max_blocks * G)
+        clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
+        launches.append((ps, st, smem, module, kernel, clusters))
+    per_sm, stages, smem, module, kernel, clusters = launches[
+        pick_occupancy(items, [(ps, c) for ps, *_, c in launches])]
     grid = (CLUSTER * clusters, 1, 1)
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
@@ -336,15 +369,17 @@ class CudaFusedArm(Arm):
         s = fx.spec
         weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
         bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
-        plan = route_plan(fx.topk_ids, s.E, bm).to(fx.device)
+        plan = route_plan(fx.topk_ids, s.E, bm)
+        items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the occupancy
+        plan = plan.to(fx.device)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
-                                                      stages=self.stages, per_sm=self.per_sm)
+                                                      stages=self.stages, per_sm=self.per_sm, items=items)
         res = module.resources(KERNEL_NAME)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
             "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": CLUSTER,
             "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],
-            "clusters": dims["grid"][0] // CLUSTER, "build": module.build.to_dict(),
+            "clusters": dims["grid"][0] // CLUSTER, "items": items, "build": module.build.to_dict(),
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads,
         }
         return PreparedCall(arm=self.name, run=launch, output=out,
