@@ -91,3 +91,21 @@ def summarize(samples: Sequence[Sample], shapes: Sequence[str], arms: Sequence[s
             ratios.extend(ratio_summary(shape, ref, arm, rows[ref], rows[arm]) for arm in arms
                           if arm != ref and arm in rows)
     return tuple(summaries), tuple(ratios)
+
+
+def with_ref(result, ref: str):
+    """`result` (a RunResult) with every ratio taken against `ref`, another of its arms.
+    Sound for any pair of a run's arms: every arm ran in the same interleaved rounds, so
+    the rows pair by round. Summaries are unchanged; the ratios are recomputed from the
+    stored samples exactly as the run computed its own."""
+    from dataclasses import replace
+
+    from moebench.errors import UserError
+    if ref not in result.settings.arms:
+        raise UserError(f"--ref {ref!r} is not an arm of this run (arms: {', '.join(result.settings.arms)})")
+    if ref == result.settings.ref:
+        return result
+    _, ratios = summarize(result.samples, result.settings.shapes, result.settings.arms, ref,
+                          {f.name: f.floors.hbm_bytes for f in result.fixtures},
+                          result.provenance.gpu.read_bandwidth_bytes_per_s)
+    return replace(result, settings=replace(result.settings, ref=ref), ratios=ratios)

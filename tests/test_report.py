@@ -275,3 +275,27 @@ def test_summary_format_is_the_first_screen_only():
     assert text.startswith("### moebench:") and "rounds won" in text and "Each sample is one call" in text
     assert "Per round" not in text and "Per round" in full.getvalue()
     assert full.getvalue().startswith(text.rsplit("\n\n", 1)[0].split("\n\n")[0])
+
+
+def test_report_ref_retakes_the_ratios_against_another_arm_of_the_run(tmp_path):
+    from moebench.stats import with_ref
+    r = make_result(shapes=("A8",), arms=("triton", "cuda-swapab", "cuda-fused"), rounds=4, samples=5)
+    s = with_ref(r, "cuda-swapab")
+    assert s.settings.ref == "cuda-swapab" and s.summaries == r.summaries
+    got = {x.arm: x for x in s.ratios}
+    assert set(got) == {"triton", "cuda-fused"}
+    # per round: swapab row / fused row, from the same rows the original ratios used
+    rows = {a: {x.shape: x.row_medians_ns for x in r.summaries if x.arm == a}["A8"] for a in r.settings.arms}
+    per_round = sorted(a / b for a, b in zip(rows["cuda-swapab"], rows["cuda-fused"]))
+    assert got["cuda-fused"].median == pytest.approx((per_round[1] + per_round[2]) / 2)
+    med = {x.arm: x.median_ns for x in r.summaries}
+    for arm in ("triton", "cuda-fused"):  # > 1 exactly where the arm is the faster of the pair
+        assert (got[arm].median > 1) == (med[arm] < med["cuda-swapab"])
+    assert with_ref(r, "triton") is r
+
+    path = save(r, tmp_path / "run.json")
+    code, out, err = run_cli(["report", str(path), "--format", "markdown", "--ref", "cuda-swapab"])
+    assert code == 0, err
+    assert "vs `cuda-swapab`" in out and "`cuda-swapab` (ref)" in out
+    code, out, err = run_cli(["report", str(path), "--ref", "nope"])
+    assert code == 2 and "not an arm of this run" in err and "Traceback" not in err

@@ -23,12 +23,18 @@ from moebench.results.store import load
               help="Write the report to this file instead of stdout (Markdown then links the "
                    "plots relative to it).")
 @click.option("--prefix", default="", help="Prefix for plot file names (several results in one folder).")
-def report(result_path, fmt, plot_dir, output, prefix):
+@click.option("--ref", "ref", default=None, metavar="ARM",
+              help="Take the ratios against this arm of the run instead of the run's reference "
+                   "(recomputed from the samples: every arm ran in the same paired rounds).")
+def report(result_path, fmt, plot_dir, output, prefix, ref):
     """Print a saved run as a table, Markdown (for a pull request), CSV or JSON; plot it."""
     from moebench.results.index import ResultIndex
     from moebench.results.markdown import Image
+    from moebench.stats import with_ref
 
     result = load(result_path)
+    if ref is not None:
+        result = with_ref(result, ref)
     images = []
     if plot_dir is not None:
         from moebench.results.plots import write_plots
