@@ -150,11 +150,7 @@ def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
     slower; where the rounds stay the same it lost (A8: 57 items, 2 rounds either way,
     0.96x)."""
     rounds = [-(-items // max(c, 1)) for _, c in options]
-    best = 0
-    for i in range(1, len(options)):
-        if rounds[i] < rounds[best]:
-            best = i
-    return best
+    return rounds.index(min(rounds))  # the first (fewest CTAs an SM) of those with fewest rounds
 
 
 def choose_stages(block_m: int, K: int, per_sm: int | None = None) -> int:
