@@ -51,8 +51,10 @@ def time_variants(shape: str, arms: dict, out_dir: str):
     for name, arm in arms.items():
         call = arm.prepare(fx)
         parity = check_parity(call, refs, shape)
+        launch = {k: call.identity[k] for k in ("cluster", "ctas_per_sm", "stages", "clusters", "registers")
+                  if k in call.identity}
         print(f"{shape} {name}: rel L2 {parity.rel_l2:.2e} {'ok' if parity.passed else 'FAIL'}; "
-              f"{call.identity.get('grids') or call.identity.get('grid')}", flush=True)
+              f"{call.identity.get('grids') or call.identity.get('grid')} {launch}", flush=True)
         if parity.passed:
             calls[name] = call
     result = moebench.bench({k: c.run for k, c in calls.items()},

@@ -61,6 +61,10 @@ for s in "$@"; do case $s in
          ncu --import \$f.ncu-rep --page source --csv --print-source sass > \$f-sass.csv; gzip -f \$f-sass.csv; rm -f \$f.ncu-rep; done" ;;
   gemm2-steps) stage gemm2-steps python3 scripts/gemm2_steps.py "$R/gemm2" ;;
   fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
+  fused-clusters) stage fused-clusters python3 scripts/arm_variants.py "$R/clusters" --arm cuda-fused \
+         --variant c8:cluster=8 --variant c4p2:cluster=4,per_sm=2 --variant c4p3:cluster=4,per_sm=3 ;;
+  sanitize-c4) stage sanitize-c4 bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py --cluster 4 &&
+         compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py --cluster 4 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'" ;;
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&

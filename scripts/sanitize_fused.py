@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--M", type=int, default=12)
     ap.add_argument("--block-m", type=int, default=16)
     ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--cluster", type=int, default=8, help="CTAs per cluster (8 or 4)")
     ap.add_argument("--max-clusters", type=int, default=None,
                     help="cap the persistent grid (fewer clusters walk more items each)")
     args = ap.parse_args()
@@ -47,7 +48,7 @@ def main() -> int:
         return 2
     family = Family("S", "sanitizer shape", K=2048, E=6, top_k=3, N=512, routed_scale=1.0, shared_expert=False)
     fx = build_fixture(ShapeSpec(f"S{args.M}", family, args.M, seed=31)).to("cuda")
-    weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+    weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, args.cluster)
     plan = route_plan(fx.topk_ids, family.E, args.block_m)
     total, blocks = plan.padded_total, plan.num_blocks
     plan.sorted_token_ids[total:] = torch.arange(plan.sorted_token_ids.numel() - total, dtype=torch.int32) % plan.num_slots
@@ -61,7 +62,7 @@ def main() -> int:
     p = compare("cuda-fused", fx.spec.name, out, fixture_reference(fx))
     res = module.resources("moebench_fused_moe")
     print(f"sanitize_fused: M={args.M} K={family.K} N={family.N} E={family.E} top_k={family.top_k} "
-          f"block_m={dims['block_m']} stages={dims['stages']} grid={dims['grid']} smem={dims['shared_bytes']} B "
+          f"block_m={dims['block_m']} cluster={dims['cluster']} stages={dims['stages']} grid={dims['grid']} smem={dims['shared_bytes']} B "
           f"regs={res.registers}: rel_l2={p.rel_l2:.3g} {'ok' if p.passed else 'FAILED: ' + p.reason()}")
     return 0 if p.passed else 1
 

@@ -1,7 +1,7 @@
 """cuda-fused on an H100/H200: oracle parity at the standard fixtures and at the edges of the
 contract (M=1, one hot expert, E=512 top-10, N=1024, garbage past the padded total,
 accumulation into a non-zero output, every block_m, a 2-deep ring, a persistent grid of 1 or
-3 clusters walking hundreds of items, one CTA an SM)."""
+3 clusters walking hundreds of items, one CTA an SM), with clusters of 8 and of 4."""
 
 from __future__ import annotations
 
@@ -32,16 +32,19 @@ def fixture(name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def weights(name: str):
+def weights(name: str, cluster: int = 8):
     fx = fixture(name)
-    return prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+    return prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
 
 
-def run_fused(fx, *, block_m: int = 8, out=None, plan=None, stages=None, w=None, max_clusters=None):
+CLUSTERS = pytest.mark.parametrize("cluster", [8, 4])
+
+
+def run_fused(fx, *, block_m: int = 8, out=None, plan=None, stages=None, w=None, max_clusters=None, per_sm=None):
     w = w if w is not None else prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, block_m).to(fx.device)
     launch, out, _, _ = make_fused_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out, stages=stages,
-                                          max_clusters=max_clusters)
+                                          max_clusters=max_clusters, per_sm=per_sm)
     launch()
     torch.cuda.synchronize()
     return out
@@ -53,55 +56,69 @@ def assert_parity(fx, out, label):
     return p
 
 
+@pytest.mark.parametrize("cluster", [None, 8, 4])
 @pytest.mark.parametrize("name", ["A8", "A128", "Q8", "Q128"])
-def test_parity_standard_fixtures(name):
+def test_parity_standard_fixtures(name, cluster):
     fx = fixture(name)
-    call = CudaFusedArm().prepare(fx)
+    call = CudaFusedArm(cluster=cluster).prepare(fx)
     assert call.kernels_per_sample == 1
+    assert call.identity["cluster"] in (cluster or 8, cluster or 4)
     p = check_parity(call, References(fx), name)
     # bf16x2 reductions round every partial sum: ~4e-3 expected (CPU simulation), limit 1e-2
     assert p.passed, f"{name}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 
 
+@CLUSTERS
 @pytest.mark.parametrize("family", ["A8", "Q8"])
-def test_parity_single_token(family):
+def test_parity_single_token(family, cluster):
     fx = derive(fixture(family), seed=11, M=1)
-    assert_parity(fx, run_fused(fx, w=weights(family)), f"{family[0]}1")
+    assert_parity(fx, run_fused(fx, w=weights(family, cluster)), f"{family[0]}1-c{cluster}")
 
 
-def test_parity_one_hot_expert_takes_every_token():
+@CLUSTERS
+def test_parity_one_hot_expert_takes_every_token(cluster):
     base = fixture("Q8")
     M, E, top_k = 96, base.spec.E, base.spec.top_k
     g = torch.Generator().manual_seed(12)
     others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
     ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0 in every row: 12 blocks of 8
     fx = derive(base, seed=12, topk_ids=ids)
-    assert_parity(fx, run_fused(fx, w=weights("Q8")), "Q96-hot")
+    assert_parity(fx, run_fused(fx, w=weights("Q8", cluster)), f"Q96-hot-c{cluster}")
 
 
-def test_parity_e512_top10_ragged():
+@CLUSTERS
+def test_parity_e512_top10_ragged(cluster):
     fx = derive(fixture("Q128"), seed=13, M=203)
     assert fx.spec.E == 512 and fx.spec.top_k == 10
-    assert_parity(fx, run_fused(fx, w=weights("Q128")), "Q203")
+    assert_parity(fx, run_fused(fx, w=weights("Q128", cluster)), f"Q203-c{cluster}")
 
 
+@CLUSTERS
 @pytest.mark.parametrize("block_m", [16, 24, 32, 64])
-def test_parity_every_block_m(block_m):
+def test_parity_every_block_m(block_m, cluster):
     fx = fixture("Q128")
-    assert_parity(fx, run_fused(fx, block_m=block_m, w=weights("Q128")), f"Q128-bm{block_m}")
+    assert_parity(fx, run_fused(fx, block_m=block_m, w=weights("Q128", cluster)), f"Q128-bm{block_m}-c{cluster}")
 
 
-def test_parity_two_stage_ring_wraps_many_times():
-    fx = fixture("A8")  # 21 chunks a CTA through 2 buffers
-    assert_parity(fx, run_fused(fx, stages=2, w=weights("A8")), "A8-stages2")
+@CLUSTERS
+def test_parity_two_stage_ring_wraps_many_times(cluster):
+    fx = fixture("A8")  # 21 (clusters of 8) or 42 (of 4) chunks a CTA through 2 buffers
+    assert_parity(fx, run_fused(fx, stages=2, w=weights("A8", cluster)), f"A8-stages2-c{cluster}")
 
 
+@CLUSTERS
 @pytest.mark.parametrize("clusters", [1, 3])
-def test_parity_few_clusters_take_many_items(clusters):
+def test_parity_few_clusters_take_many_items(clusters, cluster):
     # the persistent grid, squeezed: every cluster walks ~470/clusters items, so the ring,
     # meta-slot and DSMEM-exchange barriers wrap their phases many times
     fx = fixture("Q128")
-    assert_parity(fx, run_fused(fx, w=weights("Q128"), max_clusters=clusters), f"Q128-{clusters}cl")
+    assert_parity(fx, run_fused(fx, w=weights("Q128", cluster), max_clusters=clusters), f"Q128-{clusters}cl-c{cluster}")
+
+
+@CLUSTERS
+def test_parity_three_ctas_an_sm(cluster):
+    fx = fixture("A128")  # the 2-deep ring the third CTA an SM leaves room for
+    assert_parity(fx, run_fused(fx, w=weights("A128", cluster), per_sm=3), f"A128-3cta-c{cluster}")
 
 
 def test_parity_one_cta_per_sm_deep_ring():
@@ -115,14 +132,17 @@ def test_parity_one_cta_per_sm_deep_ring():
     assert_parity(fx, out, "A8-1cta")
 
 
-def test_parity_n1024():
+@CLUSTERS
+def test_parity_n1024(cluster):
     fam = Family("N", "four requant groups", K=1024, E=16, top_k=4, N=1024, routed_scale=1.0,
                  shared_expert=False)
     fx = build_fixture(ShapeSpec("N48", fam, 48, seed=14)).to("cuda")
-    assert_parity(fx, run_fused(fx), "N48 (N=1024)")
+    w = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
+    assert_parity(fx, run_fused(fx, w=w), f"N48 (N=1024)-c{cluster}")
 
 
-def test_garbage_past_the_padded_total_is_ignored():
+@CLUSTERS
+def test_garbage_past_the_padded_total_is_ignored(cluster):
     fx = fixture("Q8")
     plan = route_plan(fx.topk_ids, fx.spec.E, 8)
     total, blocks = plan.padded_total, plan.num_blocks
@@ -132,15 +152,16 @@ def test_garbage_past_the_padded_total_is_ignored():
     experts[blocks:] = torch.randint(0, fx.spec.E, (experts.numel() - blocks,), generator=g, dtype=torch.int32)
     assert ids.numel() > total and experts.numel() > blocks
     garbage = type(plan)(plan.block_m, ids, experts, plan.num_tokens_post_padded, plan.num_slots).to("cuda")
-    assert_parity(fx, run_fused(fx, plan=garbage, w=weights("Q8")), "Q8-garbage")
+    assert_parity(fx, run_fused(fx, plan=garbage, w=weights("Q8", cluster)), f"Q8-garbage-c{cluster}")
 
 
-def test_accumulates_into_a_nonzero_output():
+@CLUSTERS
+def test_accumulates_into_a_nonzero_output(cluster):
     fx = fixture("A8")
     ref = fixture_reference(fx).float()
     g = torch.Generator(device="cuda").manual_seed(16)
     before = (torch.randn(ref.shape, generator=g, device="cuda") * ref.std()).to(torch.bfloat16)
-    out = run_fused(fx, out=before.clone(), w=weights("A8"))
+    out = run_fused(fx, out=before.clone(), w=weights("A8", cluster))
     p = compare("cuda-fused", "A8-accumulate", out.float() - before.float(), ref)
     assert p.passed, p.reason()
 

@@ -37,11 +37,13 @@ def cache(tmp_path, monkeypatch):
     cuda_build.clear_memo()
 
 
+@pytest.mark.parametrize("cluster", fused_arm.CLUSTERS)
 @pytest.mark.parametrize("block_m", [8, 16, 32, 64])
-def test_compiles_for_sm90a_without_spills(cache, block_m):
+def test_compiles_for_sm90a_without_spills(cache, block_m, cluster):
     from moebench.kernels.cuda_build import compile_source
+    per_sm = fused_arm.ctas_per_sm(block_m)
     stages = choose_stages(block_m, 7168)
-    m = compile_source(fused_arm.SOURCE, defines={"BLOCK_M": str(block_m), "STAGES": str(stages)})
+    m = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(block_m, stages, per_sm, cluster))
     r = m.resources(fused_arm.KERNEL_NAME)
     assert m.build.arch == "sm_90a"
     assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r
@@ -162,37 +164,56 @@ def _decode_tiles(tiles: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def test_w1_layout_matches_the_mma_fragments():
+@pytest.mark.parametrize("cluster", fused_arm.CLUSTERS)
+def test_w1_layout_matches_the_mma_fragments(cluster):
     E, N, K = 2, 512, 384  # two groups, three k blocks
     I, G, KB = N // 2, N // 256, K // 128
+    cols = 128 // cluster  # intermediate columns a CTA: 16 gate + 16 up rows per 16 of them
+    mts = 2 * cols // 16  # m-tiles a CTA: gate tiles first, then up
     w1, w2 = _codes(E, N, K, seed=1), _codes(E, K, I, seed=2)
-    pw = prepare_fused_weights(w1.view(FP8), torch.ones(E, N // 128, KB), w2.view(FP8), torch.ones(E, KB, G))
-    # per CTA (e, g, c): 32*K bytes = [kb, mt, s, lane, 16]
-    cta = pw.w1.view(E, G, 8, KB, 2, 4, 32, 16)
-    rows = _decode_tiles(cta)  # [E, G, 8, KB, 2, 16, 128]
+    pw = prepare_fused_weights(w1.view(FP8), torch.ones(E, N // 128, KB), w2.view(FP8), torch.ones(E, KB, G),
+                               cluster)
+    assert pw.cluster == cluster
+    # per CTA (e, g, c): 2*cols*K bytes = [kb, m-tile, s, lane, 16]; the kernel's GEMM1 chunk j
+    # is k blocks [8/mts * j, 8/mts * (j+1)) of it, contiguous
+    cta = pw.w1.view(E, G, cluster, KB, mts, 4, 32, 16)
+    rows = _decode_tiles(cta)  # [E, G, cluster, KB, mts, 16, 128]
     assert (rows >= 0).all()
     for e in range(E):
         for g in range(G):
-            for c in range(8):
-                for mt in range(2):
-                    n0 = mt * I + 128 * g + 16 * c
+            for c in range(cluster):
+                for mt in range(mts):
+                    up, u = divmod(mt, mts // 2)
+                    n0 = up * I + 128 * g + cols * c + 16 * u
                     want = w1[e, n0:n0 + 16].view(16, KB, 128).permute(1, 0, 2).to(torch.int16)
                     assert torch.equal(rows[e, g, c, :, mt], want)
 
 
-def test_w2_layout_matches_the_mma_fragments():
+@pytest.mark.parametrize("cluster", fused_arm.CLUSTERS)
+def test_w2_layout_matches_the_mma_fragments(cluster):
     E, N, K = 2, 512, 384
     I, G, KB = N // 2, N // 256, K // 128
+    mts = K // cluster // 16  # per CTA: K/cluster rows
     w1, w2 = _codes(E, N, K, seed=3), _codes(E, K, I, seed=4)
-    pw = prepare_fused_weights(w1.view(FP8), torch.ones(E, N // 128, KB), w2.view(FP8), torch.ones(E, KB, G))
-    cta = pw.w2.view(E, G, 8, KB, 4, 32, 16)  # per CTA: K/8 rows = KB m-tiles
-    rows = _decode_tiles(cta)  # [E, G, 8, KB (m-tile), 16, 128]
+    pw = prepare_fused_weights(w1.view(FP8), torch.ones(E, N // 128, KB), w2.view(FP8), torch.ones(E, KB, G),
+                               cluster)
+    cta = pw.w2.view(E, G, cluster, mts, 4, 32, 16)
+    rows = _decode_tiles(cta)  # [E, G, cluster, m-tile, 16, 128]
     for e in range(E):
         for g in range(G):
-            for c in range(8):
-                r0 = c * K // 8
-                want = w2[e, r0:r0 + K // 8, 128 * g:128 * g + 128].view(KB, 16, 128).to(torch.int16)
+            for c in range(cluster):
+                r0 = c * K // cluster
+                want = w2[e, r0:r0 + K // cluster, 128 * g:128 * g + 128].view(mts, 16, 128).to(torch.int16)
                 assert torch.equal(rows[e, g, c], want)
+
+
+def test_cluster_sizes_are_checked():
+    E, N, K = 1, 256, 128
+    w1, w2 = _codes(E, N, K).view(FP8), _codes(E, K, N // 2).view(FP8)
+    with pytest.raises(UserError, match="cluster=2 must be one of 8, 4"):
+        prepare_fused_weights(w1, torch.ones(E, 2, 1), w2, torch.ones(E, 1, 1), cluster=2)
+    with pytest.raises(UserError, match="cluster=16"):
+        fused_arm.CudaFusedArm(cluster=16)
 
 
 def test_permuted_mma_equals_the_plain_product():
@@ -337,21 +358,33 @@ from moebench.fixtures.shapes import BUILTIN_FAMILIES as _FAMILIES  # noqa: E402
 NVCC_RELEASE = "13.0"
 
 
-def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
-    from moebench.kernels.fused_arm import pick_occupancy
-    two, three = (2, 30), (3, 45)  # clusters of 8 the H200 fits at 2 and 3 CTAs an SM
+def test_pick_launch_takes_more_ctas_only_where_they_save_rounds():
+    from moebench.kernels.fused_arm import pick_launch
+    two, three = (8, 2, 30), (8, 3, 45)  # clusters of 8 the H200 fits at 2 and 3 CTAs an SM
     # the four fixtures' items (blocks of 8 x one requant group) and what the H200 measured
-    assert pick_occupancy(57, [two, three]) == 0  # A8: 2 rounds either way; 3/SM lost (0.96x)
-    assert pick_occupancy(74, [two, three]) == 1  # Q8: 3 rounds -> 2 (1.02x)
-    assert pick_occupancy(280, [two, three]) == 1  # A128: 10 rounds -> 7 (1.12x)
-    assert pick_occupancy(470, [two, three]) == 1  # Q128: 16 -> 11 (1.10x)
-    assert pick_occupancy(30, [two, three]) == 0  # one round fits either way
-    assert pick_occupancy(1, [two]) == 0
-    assert pick_occupancy(0, [two, three]) == 0
+    assert pick_launch(57, [two, three]) == 0  # A8: 2 rounds either way; 3/SM lost (0.96x)
+    assert pick_launch(74, [two, three]) == 1  # Q8: 3 rounds -> 2 (1.02x)
+    assert pick_launch(280, [two, three]) == 1  # A128: 10 rounds -> 7 (1.12x)
+    assert pick_launch(470, [two, three]) == 1  # Q128: 16 -> 11 (1.10x)
+    assert pick_launch(30, [two, three]) == 0  # one round fits either way
+    assert pick_launch(1, [two]) == 0
+    assert pick_launch(0, [two, three]) == 0
+
+
+def test_pick_launch_weighs_a_cluster_of_4_by_its_double_share():
+    from moebench.kernels.fused_arm import pick_launch
+    # a CTA of a cluster of 4 streams twice the bytes per item: one round of 4 costs two of 8
+    options = [(8, 2, 30), (8, 3, 45), (4, 2, 64), (4, 3, 96)]
+    assert pick_launch(280, options) == 3  # 7 rounds of 8 against 3 of 4 (= 6)
+    assert pick_launch(470, options) == 3  # 11 against 5 (= 10)
+    assert pick_launch(57, options) == 0  # 2 rounds of 8 or 1 of 4: a tie, the first
+    assert pick_launch(90, options) == 1  # 2 rounds of 8 (45) against 1 of 4 (96): a tie
+    assert pick_launch(97, options) == 1  # 3 of 8 against 2 of 4 (= 4)
+    assert pick_launch(100, [(4, 3, 96), (8, 3, 45)]) == 1  # 3 rounds of 8 against 2 of 4
 
 
 def test_one_more_cta_an_sm_fits_only_with_a_shallow_ring():
-    # BLOCK_M 8 at the fixtures' K: 4 stages at 2 an SM, 2 at 3 (what pick_occupancy compares)
+    # BLOCK_M 8 at the fixtures' K: 4 stages at 2 an SM, 2 at 3 (what pick_launch compares)
     for K in (7168, 2048):
         assert choose_stages(8, K, 2) == 4 and choose_stages(8, K, 3) == 2
         assert 3 * (shared_bytes(8, 2, K) + 1024) <= fused_arm.SMEM_PER_SM
@@ -376,15 +409,17 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
     ks = sorted({f.K for f in _FAMILIES.values()} | {2048})
     for bm in (8, 16, 32, 64):
         for K in ks:
-            for per_sm in (fused_arm.ctas_per_sm(bm), fused_arm.ctas_per_sm(bm) + 1):  # pick_occupancy's two
+            for per_sm in (fused_arm.ctas_per_sm(bm), fused_arm.ctas_per_sm(bm) + 1):  # pick_launch's two
                 try:
                     stages = choose_stages(bm, K, per_sm)
                 except UserError:
                     continue
-                d = {"BLOCK_M": str(bm), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm)}
-                if (fused_arm.SOURCE, d) not in out:
-                    out.append((fused_arm.SOURCE, d))
-    out.append((fused_arm.SOURCE, {"BLOCK_M": "16", "STAGES": "2", "MIN_CTAS_PER_SM": "2"}))  # sanitizer
+                for cluster in fused_arm.CLUSTERS:
+                    d = fused_arm.kernel_defines(bm, stages, per_sm, cluster)
+                    if (fused_arm.SOURCE, d) not in out:
+                        out.append((fused_arm.SOURCE, d))
+    for cluster in fused_arm.CLUSTERS:  # the sanitizer's
+        out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, 2, cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):
         out.append(("sm90_grouped_gemm.cu", cfg.defines()))
     known = {s for s, _ in out}

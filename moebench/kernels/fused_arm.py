@@ -7,8 +7,8 @@ Public helpers:
 The layout change re-orders each expert's FP8 weights so that every CTA of the kernel streams
 one contiguous range, tile by tile in mma fragment order (the kernel's header comment has the
 details). Bytes per fixture are unchanged: the kernel reads every routed expert's weights once
-per plan block, 48*K bytes per CTA and work item (plan block x group of 128 columns), 8 CTAs
-(a cluster) per item; the grid is persistent (as many clusters as the GPU holds at once).
+per plan block, 48*K bytes per work item (plan block x group of 128 columns), split over the CTAs of one cluster (8 CTAs of
+48*K bytes, or 4 of 96*K); the grid is persistent (as many clusters as the GPU holds at once).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ KERNEL_NAME = "moebench_fused_moe"
 LAYOUT = "fused-v1"  # bump when prepare_fused_weights changes the order it writes
 
 GROUP = 128  # FP8 block-scale granularity (weights 128x128, activations 1x128)
-CLUSTER = 8  # CTAs per cluster: 8 x 16 intermediate columns = one requant group
+CLUSTERS = (8, 4)  # CTAs per cluster: 8 x 16 or 4 x 32 intermediate columns = one requant group
 THREADS = 288  # 8 consumer warps + 1 producer warp
 CHUNK_BYTES = 16384
 X_ROW, AQ_ROW, STG_ROW = 528, 144, 20
@@ -50,6 +50,7 @@ class FusedWeights:
     w1_scale: torch.Tensor  # [E, N/128, K/128] fp32, unchanged
     w2: torch.Tensor  # [E, K, I] uint8, re-laid down codes
     w2_scale: torch.Tensor  # [E, K/128, I/128] fp32, unchanged
+    cluster: int = 8  # the cluster size the order is for (CTAs per work item)
     layout: str = LAYOUT
 
     @property
@@ -80,16 +81,20 @@ def _codes(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def prepare_fused_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor,
-                          w2_scale: torch.Tensor) -> FusedWeights:
-    """Re-lay gate/up [E,N,K] and down [E,K,I] FP8 weights for the fused kernel (untimed).
+                          w2_scale: torch.Tensor, cluster: int = 8) -> FusedWeights:
+    """Re-lay gate/up [E,N,K] and down [E,K,I] FP8 weights for the fused kernel run with
+    clusters of `cluster` CTAs (untimed). With C = 128/cluster columns a CTA:
 
-    w1: row n = mt*I + 128g + 16c + 8q + r (mt 0 gate / 1 up, c the CTA of the cluster),
-        column k = 128kb + 32t + 8s + 4h + j; written as [E, g, c, kb, mt, s, r, t, h, q, j]:
-        per CTA 32*K contiguous bytes, per (kb, mt, s) one 512-byte mma A tile whose lane
-        r*4+t holds rows (r, r+8) x bytes (8s + 4h + j) of its 32-byte k slice.
-    w2: row = c*K/8 + 16m + 8q + r, column i = 128g + 32t + 8s + 4h + j; written as
-        [E, g, c, m, s, r, t, h, q, j]: per CTA 16*K contiguous bytes.
+    w1: row n = h1*I + 128g + C*c + 16u + 8q + r (h1 0 gate / 1 up, c the CTA of the cluster,
+        u its 16-row tile), column k = 128kb + 32t + 8s + 4h + j; written as
+        [E, g, c, kb, (h1 u), s, r, t, h, q, j]: per CTA 2*C*K contiguous bytes, per
+        (kb, m-tile, s) one 512-byte mma A tile whose lane r*4+t holds rows (r, r+8) x bytes
+        (8s + 4h + j) of its 32-byte k slice.
+    w2: row = c*K/cluster + 16m + 8q + r, column i = 128g + 32t + 8s + 4h + j; written as
+        [E, g, c, m, s, r, t, h, q, j]: per CTA 128*K/cluster contiguous bytes.
     """
+    if cluster not in CLUSTERS:
+        raise UserError(f"cluster={cluster} must be one of {', '.join(map(str, CLUSTERS))}")
     w1b, w2b = _codes(w1, "w1"), _codes(w2, "w2")
     if w1b.dim() != 3 or w2b.dim() != 3:
         raise UserError(f"w1 must be [E, N, K] and w2 [E, K, I], got {tuple(w1.shape)} and {tuple(w2.shape)}")
@@ -103,13 +108,13 @@ def prepare_fused_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Te
         raise UserError(f"w2 must be [E, K, I] = {(E, K, I)}, got {tuple(w2.shape)}")
     _check_scale(w1_scale, (E, N // GROUP, K // GROUP), "w1_scale")
     _check_scale(w2_scale, (E, K // GROUP, I // GROUP), "w2_scale")
-    G, KB = I // GROUP, K // GROUP
-    a = w1b.view(E, 2, G, CLUSTER, 2, 8, KB, 4, 4, 2, 4)  # e mt g c q r kb t s h j
-    a = a.permute(0, 2, 3, 6, 1, 8, 5, 7, 9, 4, 10)  # e g c kb mt s r t h q j
-    b = w2b.view(E, CLUSTER, KB, 2, 8, G, 4, 4, 2, 4)  # e c m q r g t s h j
+    G, KB, U = I // GROUP, K // GROUP, GROUP // cluster // 16
+    a = w1b.view(E, 2, G, cluster, U, 2, 8, KB, 4, 4, 2, 4)  # e h1 g c u q r kb t s h j
+    a = a.permute(0, 2, 3, 7, 1, 4, 9, 6, 8, 10, 5, 11)  # e g c kb h1 u s r t h q j
+    b = w2b.view(E, cluster, K // cluster // 16, 2, 8, G, 4, 4, 2, 4)  # e c m q r g t s h j
     b = b.permute(0, 5, 1, 2, 7, 4, 6, 8, 3, 9)  # e g c m s r t h q j
     return FusedWeights(a.contiguous().view(E, N, K), w1_scale.float().contiguous(),
-                        b.contiguous().view(E, K, I), w2_scale.float().contiguous())
+                        b.contiguous().view(E, K, I), w2_scale.float().contiguous(), cluster)
 
 
 def _check_scale(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
@@ -142,15 +147,67 @@ def ctas_per_sm(block_m: int) -> int:
     return 2 if block_m <= 16 else 1
 
 
-def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
-    """Index into `options` ((CTAs an SM, resident clusters), fewest CTAs an SM first) of
-    the launch to use: one more CTA an SM (shallower ring, more consumer warps: measured
-    1.10-1.12x at A128 and Q128 on the H200, results/h200/experiments/cuda-fused-stages-*)
-    only where its extra clusters take whole rounds of items off, since each round is
-    slower; where the rounds stay the same it lost (A8: 57 items, 2 rounds either way,
-    0.96x)."""
-    rounds = [-(-items // max(c, 1)) for _, c in options]
-    return rounds.index(min(rounds))  # the first (fewest CTAs an SM) of those with fewest rounds
+def pick_launch(items: int, options: list[tuple[int, int, int]]) -> int:
+    """Index into `options` ((cluster size, CTAs an SM, resident clusters); clusters of 8
+    first, then fewest CTAs an SM first) of the launch to use: the one whose busiest CTA
+    streams the fewest bytes, rounds of items x bytes a CTA per item (48*K at clusters of
+    8, twice that at 4), the first on ties. So one more CTA an SM (shallower ring, more
+    consumer warps: measured 1.10-1.12x at A128 and Q128 on the H200,
+    results/h200/experiments/cuda-fused-stages-*) is taken only where its extra clusters
+    take whole rounds off, since each round is slower; where the rounds stay the same it
+    lost (A8: 57 items, 2 rounds either way, 0.96x)."""
+    cost = [-(-items // max(resident, 1)) * (8 // cluster) for cluster, _, resident in options]
+    return cost.index(min(cost))
+
+
+@dataclass(frozen=True)
+class LaunchOption:
+    """One way to launch the kernel: cluster size, occupancy, ring depth, and the clusters
+    the driver keeps resident at that occupancy (the persistent grid's size)."""
+
+    cluster: int
+    per_sm: int
+    stages: int
+    smem: int
+    resident: int
+    module: object
+    kernel: object
+
+
+def launch_options(block_m: int, K: int, device_index: int, clusters=(8,), per_sm: int | None = None,
+                   stages: int | None = None) -> list[LaunchOption]:
+    """Every launch `pick_launch` weighs, in its order: for each cluster size, the default
+    occupancy and one more CTA an SM with the deepest ring that still fits; only the given
+    occupancy or ring depth where one is set."""
+    from moebench.kernels.cuda_launch import raise_shared_limit
+    if per_sm is None and stages is None:
+        per_sm_options = [ctas_per_sm(block_m)]
+        try:
+            choose_stages(block_m, K, per_sm_options[0] + 1)
+            per_sm_options.append(per_sm_options[0] + 1)
+        except UserError:
+            pass
+    else:
+        per_sm_options = [ctas_per_sm(block_m) if per_sm is None else per_sm]
+    out = []
+    for cluster in clusters:
+        for ps in per_sm_options:
+            st = choose_stages(block_m, K, ps) if stages is None else stages
+            smem = shared_bytes(block_m, st, K)
+            _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
+            module = build_fused(block_m, st, ps, cluster)
+            kernel = module.kernel(KERNEL_NAME, device_index)
+            raise_shared_limit(kernel, smem, device_index)
+            resident = resident_clusters(kernel, smem, device_index, ps, cluster)
+            out.append(LaunchOption(cluster, ps, st, smem, resident, module, kernel))
+    return out
+
+
+def choose_launch(block_m: int, K: int, device_index: int, items: int, clusters=CLUSTERS,
+                  per_sm: int | None = None, stages: int | None = None) -> LaunchOption:
+    """The launch `pick_launch` takes for `items` work items among `launch_options`."""
+    options = launch_options(block_m, K, device_index, clusters, per_sm, stages)
+    return options[pick_launch(items, [(o.cluster, o.per_sm, o.resident) for o in options])]
 
 
 def choose_stages(block_m: int, K: int, per_sm: int | None = None) -> int:
@@ -182,22 +239,27 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
     return min(capacity // block_m, (worst + block_m - 1) // block_m)
 
 
+def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int = 8) -> dict[str, str]:
+    """The .cu's meta-parameters for one build."""
+    return {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm),
+            "CLUSTER": str(cluster)}
+
+
 @functools.lru_cache(maxsize=None)
-def build_fused(block_m: int, stages: int, per_sm: int | None = None):
+def build_fused(block_m: int, stages: int, per_sm: int | None = None, cluster: int = 8):
     """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
     per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
-    return compile_source(SOURCE, defines={"BLOCK_M": str(block_m), "STAGES": str(stages),
-                                           "MIN_CTAS_PER_SM": str(per_sm)})
+    return compile_source(SOURCE, defines=kernel_defines(block_m, stages, per_sm, cluster))
 
 
-def resident_clusters(kernel, smem: int, device_index: int, per_sm: int) -> int:
-    """Clusters of CLUSTER CTAs that the GPU runs at once (the persistent grid): the driver's
+def resident_clusters(kernel, smem: int, device_index: int, per_sm: int, cluster: int = 8) -> int:
+    """Clusters of `cluster` CTAs that the GPU runs at once (the persistent grid): the driver's
     answer (it knows how the SMs group into GPCs), else a cautious estimate."""
     try:
         from cuda.core import Device, LaunchConfig
         dev = Device(device_index)
-        cfg = LaunchConfig(grid=(CLUSTER, 1, 1), cluster=(CLUSTER, 1, 1), block=(THREADS, 1, 1),
+        cfg = LaunchConfig(grid=(cluster, 1, 1), cluster=(cluster, 1, 1), block=(THREADS, 1, 1),
                            shmem_size=smem)
         n = int(kernel.occupancy.max_active_clusters(cfg, stream=dev.default_stream))
         if n > 0:
@@ -205,7 +267,7 @@ def resident_clusters(kernel, smem: int, device_index: int, per_sm: int) -> int:
     except Exception:  # noqa: BLE001 - an older cuda.core or driver: estimate instead
         pass
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return max(1, (sms * per_sm) // CLUSTER - 2)
+    return max(1, (sms * per_sm) // cluster - 2)
 
 
 # ------------------------------------------------------------------------------ host wrapper
@@ -247,7 +309,8 @@ def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, o
           f"plan.sorted_token_ids holds {cap} slots; the worst case needs {need} (a multiple of block_m={bm})")
     _need(plan.expert_ids.numel() >= cap // bm, f"plan.expert_ids holds {plan.expert_ids.numel()} blocks, needs {cap // bm}")
     _need(plan.num_tokens_post_padded.numel() >= 1, "plan.num_tokens_post_padded is empty")
-    _need(CLUSTER * (cap // bm) < 2**31, "the plan is too large for one launch")
+    _need(weights.cluster in CLUSTERS, f"weights.cluster={weights.cluster} must be one of {CLUSTERS}")
+    _need(weights.cluster * (cap // bm) < 2**31, "the plan is too large for one launch")
     if out is not None:
         _need(out.dtype == torch.bfloat16, f"out must be bfloat16, got {out.dtype}")
         _need(tuple(out.shape) == (M, K), f"out must be [{M}, {K}], got {list(out.shape)}")
@@ -275,47 +338,29 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream.
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
-    (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`."""
+    (plan blocks x requant groups; the plan's worst case when None) by `pick_launch`; the
+    cluster size is the one `weights` were laid out for."""
     import numpy as np
 
-    from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit
+    from moebench.kernels.cuda_launch import bind_launch
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
-    bm, K = dims["block_m"], dims["K"]
+    bm, K, cluster = dims["block_m"], dims["K"], weights.cluster
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
     items = max_blocks * G if items is None else items
-    if per_sm is None and stages is None:
-        # the default occupancy, or one more CTA an SM with the deepest ring that still fits
-        per_sm_options = [ctas_per_sm(bm)]
-        try:
-            choose_stages(bm, K, per_sm_options[0] + 1)
-            per_sm_options.append(per_sm_options[0] + 1)
-        except UserError:
-            pass
-    else:
-        per_sm_options = [ctas_per_sm(bm) if per_sm is None else per_sm]
-    launches = []
-    for ps in per_sm_options:
-        st = choose_stages(bm, K, ps) if stages is None else stages
-        smem = shared_bytes(bm, st, K)
-        _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
-        module = build_fused(bm, st, ps)
-        kernel = module.kernel(KERNEL_NAME, x.device.index)
-        raise_shared_limit(kernel, smem, x.device.index)
-        clusters = min(resident_clusters(kernel, smem, x.device.index, ps), max_blocks * G)
-        clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
-        launches.append((ps, st, smem, module, kernel, clusters))
-    per_sm, stages, smem, module, kernel, clusters = launches[
-        pick_occupancy(items, [(ps, c) for ps, *_, c in launches])]
-    grid = (CLUSTER * clusters, 1, 1)
+    opt = choose_launch(bm, K, x.device.index, items, (cluster,), per_sm, stages)
+    per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
+    clusters = min(opt.resident, max_blocks * G)
+    clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
+    grid = (cluster * clusters, 1, 1)
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
                                    topk_weights, out)]
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
     args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
-    # The cluster shape (8, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
+    # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
     run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
     keep = (x, x_scale, weights, plan, topk_weights, out)  # the pointers stay valid while launch lives
 
@@ -324,7 +369,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
         run()
 
     return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid, per_sm=per_sm,
-                                      max_blocks=max_blocks)
+                                      max_blocks=max_blocks, cluster=cluster)
 
 
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
@@ -344,8 +389,11 @@ class CudaFusedArm(Arm):
     name = "cuda-fused"
     description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
 
-    def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None):
-        self.block_m, self.stages, self.per_sm = block_m, stages, per_sm
+    def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
+                 cluster: int | None = None):
+        if cluster is not None and cluster not in CLUSTERS:
+            raise UserError(f"cuda-fused: cluster={cluster} must be one of {', '.join(map(str, CLUSTERS))}")
+        self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
@@ -363,19 +411,25 @@ class CudaFusedArm(Arm):
 
     def prepare(self, fx: Fixture) -> PreparedCall:
         s = fx.spec
-        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
         bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
         plan = route_plan(fx.topk_ids, s.E, bm)
-        items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the occupancy
+        items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
         plan = plan.to(fx.device)
+        stages, per_sm, cluster = self.stages, self.per_sm, self.cluster
+        if cluster is None:  # the cluster size (and with it the occupancy) pick_launch takes
+            device = torch.device(fx.device)
+            opt = choose_launch(bm, s.K, device.index if device.index is not None else torch.cuda.current_device(),
+                                items, CLUSTERS, per_sm, stages)
+            stages, per_sm, cluster = opt.stages, opt.per_sm, opt.cluster
+        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
-                                                      stages=self.stages, per_sm=self.per_sm, items=items)
+                                                      stages=stages, per_sm=per_sm, items=items)
         res = module.resources(KERNEL_NAME)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
-            "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": CLUSTER,
+            "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": dims["cluster"],
             "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],
-            "clusters": dims["grid"][0] // CLUSTER, "items": items, "build": module.build.to_dict(),
+            "clusters": dims["grid"][0] // dims["cluster"], "items": items, "build": module.build.to_dict(),
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads,
         }
         return PreparedCall(arm=self.name, run=launch, output=out,

@@ -61,7 +61,9 @@
 #define MIN_CTAS_PER_SM (BLOCK_M <= 16 ? 2 : 1)
 #endif
 
-#define CLUSTER 8              // CTAs per cluster: 8 x 16 intermediate columns = one group
+#ifndef CLUSTER
+#define CLUSTER 8              // CTAs per cluster, CLUSTER x COLS intermediate columns = one group
+#endif
 #define CONSUMERS 256          // warps 0-7 compute
 #define THREADS 288            // + warp 8, the producer
 #define GROUP 128              // FP8 block-scale granularity
@@ -70,9 +72,18 @@
 #define AQ_ROW 144             // shared row of requantized intermediate: 128 bytes + 16
 #define STG_ROW 20             // epilogue staging row (floats): 16 + 4, conflict-free
 #define NT (BLOCK_M / 8)       // mma n-tiles per block
+#define COLS (GROUP / CLUSTER) // intermediate columns per CTA: 16 or 32
+#define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2 or 4
+#define KBC (8 / MT1)          // k blocks per GEMM1 chunk (8 warps = KBC x MT1): 4 or 2
+#define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
+#define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
+#define LOG2_Q (CLUSTER == 8 ? 2 : 3)  // log2 of COLS / 4 (float4 stores per token and CTA)
+// (Index math on these is written with shifts and masks: with signed / and % the
+// tight register budgets at 3 CTAs an SM spill.)
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 64, "BLOCK_M: a multiple of 8, at most 64");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
+static_assert(CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 4 or 8");
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -290,8 +301,9 @@ moebench_fused_moe(
     const u32 rank = cluster_ctarank();
     const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
     const int KB = K / GROUP;
-    const int n1 = (KB + 3) / 4;        // GEMM1 chunks: 4 k blocks x 32 rows
-    const int n2 = (KB + 7) / 8;        // GEMM2 chunks: 8 m-tiles x 16 rows (K/8 rows = KB m-tiles)
+    const int n1 = (KB + KBC - 1) / KBC;  // GEMM1 chunks: KBC k blocks x 2*COLS rows
+    const int mt2 = KB * (8 / CLUSTER);     // GEMM2 m-tiles of this CTA: K/CLUSTER rows
+    const int n2 = (mt2 + 7) / 8;           // GEMM2 chunks: 8 m-tiles x 16 rows
     const int total = n1 + n2;
     const u32 MB = meta_bytes(KB);
 
@@ -351,14 +363,14 @@ moebench_fused_moe(
             }
             __syncwarp();
             const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
-            const u8* w1_cta = w1f + cta * 32 * static_cast<size_t>(K);   // 32 rows x K
-            const u8* w2_cta = w2f + cta * 16 * static_cast<size_t>(K);   // K/8 rows x 128
+            const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
+            const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
             auto issue = [&](int j) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
                 if (j < n1) {
-                    const u32 wbytes = min(4, KB - 4 * j) * 4096;
-                    const u32 abytes = min(4, KB - 4 * j) * GROUP;
+                    const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
+                    const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
                     int valid = 0;
                     for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
                     if (lane == 0) {
@@ -370,10 +382,10 @@ moebench_fused_moe(
                         const int t = m.tok[r];
                         if (t >= 0)
                             bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
-                                      x + static_cast<size_t>(t) * K + j * 512, abytes, sm.full + 8 * st);
+                                      x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
                     }
                 } else if (lane == 0) {
-                    const u32 wbytes = min(8, KB - 8 * (j - n1)) * 2048;
+                    const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
                     mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
                     bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
                               wbytes, sm.full + 8 * st);
@@ -400,7 +412,7 @@ moebench_fused_moe(
     } else {
         // ================================================================ consumer warps
         const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
-        const int mt = warp & 1, kb_in_chunk = warp >> 1;
+        const int mt = warp & (MT1 - 1), kb_in_chunk = warp >> LOG2_MT1;
         const int row0 = rank * (K / CLUSTER);
         u32 gc = 0;  // chunks consumed
         bool joined = false;
@@ -410,21 +422,22 @@ moebench_fused_moe(
             const Meta m = meta_at(sm.meta + slot * MB, KB);
             if (m.hdr[0] < 0) break;
 
-            // ---- GEMM1: h[32 rows, BLOCK_M] over K. Warp w: rows of mt = w & 1 (gate, up), the
-            // k block w >> 1 of every chunk. Per chunk and warp: 2 KB of weights, 4*NT mma.
+            // ---- GEMM1: h[2*COLS rows, BLOCK_M] over K. Warp w: the 16 rows of m-tile mt = w % MT1
+            // (gate tiles first, then up), the k block w / MT1 of every chunk. Per chunk and
+            // warp: 2 KB of weights, 4*NT mma.
             float acc[NT][4];
             #pragma unroll
             for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
             for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
-                const int kb = 4 * j + kb_in_chunk;
+                const int kb = KBC * j + kb_in_chunk;
                 if (kb < KB) {
-                    const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * 2 + mt) * 2048 + lane * 16;
+                    const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * MT1 + mt) * 2048 + lane * 16;
                     uint4 a[4];
                     #pragma unroll
                     for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
-                    const float sw = m.w1s[mt * KB + kb];
+                    const float sw = m.w1s[(mt >= MT1 / 2) * KB + kb];  // gate or up
                     #pragma unroll
                     for (int t = 0; t < NT; ++t) {
                         const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + kb_in_chunk * GROUP + tq * 32;
@@ -444,7 +457,7 @@ moebench_fused_moe(
                 if (lane == 0) mbar_arrive(sm.empty + 8 * st);  // this warp is done with stage st
             }
 
-            // ---- the four k-block partials per row, SwiGLU, st.async to all 8 CTAs
+            // ---- the KBC k-block partials per row, SwiGLU, st.async to all CLUSTER CTAs
             #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 float* r = sm.red + (warp * 16 + gq) * BLOCK_M + t * 8 + 2 * tq;
@@ -456,23 +469,26 @@ moebench_fused_moe(
             if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
             if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
             {
-                const u32 dst_rank = warp;  // warp w stores into CTA w
+                // warp w stores into CTA w % CLUSTER, part w / CLUSTER of the 8 / CLUSTER parts
+                constexpr int PARTS = 8 / CLUSTER;
+                const u32 dst_rank = warp & (CLUSTER - 1);
                 const u32 rbar = mapa(sm.abar, dst_rank);
-                for (int i = lane; i < BLOCK_M * 4; i += 32) {
-                    const int t = i >> 2, q = i & 3;  // token, 4 of this CTA's 16 columns
+                const int part = PARTS == 1 ? 0 : warp >> LOG2_CLUSTER;
+                for (int i = part * 32 + lane; i < BLOCK_M * (COLS / 4); i += 32 * PARTS) {
+                    const int t = i >> LOG2_Q, q = i & (COLS / 4 - 1);  // token, 4 of this CTA's COLS columns
                     float a[4];
                     #pragma unroll
                     for (int c = 0; c < 4; ++c) {
-                        const int row = 4 * q + c;
+                        const int col = 4 * q + c, tile = col >> 4, row = col & 15;
                         float hg = 0.0f, hu = 0.0f;
                         #pragma unroll
-                        for (int k = 0; k < 4; ++k) {
-                            hg += sm.red[((2 * k) * 16 + row) * BLOCK_M + t];
-                            hu += sm.red[((2 * k + 1) * 16 + row) * BLOCK_M + t];
+                        for (int k = 0; k < KBC; ++k) {
+                            hg += sm.red[((k * MT1 + tile) * 16 + row) * BLOCK_M + t];
+                            hu += sm.red[((k * MT1 + MT1 / 2 + tile) * 16 + row) * BLOCK_M + t];
                         }
                         a[c] = silu(hg) * hu;
                     }
-                    const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * 16 + 4 * q), dst_rank);
+                    const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * COLS + 4 * q), dst_rank);
                     st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
                 }
             }
@@ -492,14 +508,14 @@ moebench_fused_moe(
             named_sync_consumers();
             if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));  // afull may be refilled
 
-            // ---- GEMM2: y[K/8 rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
+            // ---- GEMM2: y[K/CLUSTER rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
             // Warp w: m-tile w of every chunk (16 rows); per chunk and warp 2 KB, 4*NT mma.
             float* stg = sm.stg + warp * 8 * STG_ROW;
             for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 const int mtile = 8 * (j - n1) + warp;  // m-tile within this CTA's rows
-                if (mtile < KB) {
+                if (mtile < mt2) {
                     const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;
                     uint4 a[4];
                     #pragma unroll
