@@ -3,16 +3,16 @@
     compute-sanitizer --tool memcheck  python3 scripts/sanitize_fused.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py
 
-The shape is small but walks every path of the kernel: K=2048 (6 chunks through a 2-deep
-ring, so every buffer is reused), two requant groups (N=512), block_m 16 (two n-tiles),
-blocks with padding slots, and garbage past the padded total in both plan buffers.
-Exit status 0 only when the output matches the oracle.
+The shape is small but walks every path of the kernel: K=2048 by default (at clusters of 4,
+12 chunks a CTA through a 2-deep ring, so every buffer is reused), two requant groups
+(N=512), block_m 16 (two n-tiles), blocks with padding slots, and garbage past the padded
+total in both plan buffers. Exit status 0 only when the output matches the oracle.
 
-At the defaults (12 items on 16 clusters: one item per busy cluster) racecheck's only v2
-reports are ring-stage reuses ordered by the `empty` mbarriers, which it does not model
-(docs/kernels.md, cuda-fused, "Racecheck on v2"). `--stages 6` holds an item's 6 chunks
-without reuse (predicted 0 hazards); `--max-clusters 1` walks all 12 items on one cluster,
-which adds the item-to-item reuses (meta slots, afull, GEMM2's ring reads).
+At the defaults (12 items, one per busy cluster) racecheck's only reports are ring-stage
+reuses ordered by the `empty` mbarriers, which it does not model (docs/kernels.md,
+cuda-fused, "Racecheck on v2"). `--K 1024 --stages 6` holds each CTA's 6 chunks (clusters
+of 4) without reuse: predicted 0 hazards; `--max-clusters 1` walks all 12 items on one
+cluster, which adds the item-to-item reuses (meta slots, afull, GEMM2's ring reads).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def main() -> int:
     ap.add_argument("--M", type=int, default=12)
     ap.add_argument("--block-m", type=int, default=16)
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--cluster", type=int, default=8, help="CTAs per cluster (8 or 4)")
+    ap.add_argument("--cluster", type=int, default=4, help="CTAs per cluster (4, the default, or 8)")
+    ap.add_argument("--K", type=int, default=2048, help="hidden size (a multiple of 128)")
     ap.add_argument("--max-clusters", type=int, default=None,
                     help="cap the persistent grid (fewer clusters walk more items each)")
     args = ap.parse_args()
@@ -46,7 +47,7 @@ def main() -> int:
     if reason:
         print(f"sanitize_fused: {reason}", file=sys.stderr)
         return 2
-    family = Family("S", "sanitizer shape", K=2048, E=6, top_k=3, N=512, routed_scale=1.0, shared_expert=False)
+    family = Family("S", "sanitizer shape", K=args.K, E=6, top_k=3, N=512, routed_scale=1.0, shared_expert=False)
     fx = build_fixture(ShapeSpec(f"S{args.M}", family, args.M, seed=31)).to("cuda")
     weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, args.cluster)
     plan = route_plan(fx.topk_ids, family.E, args.block_m)

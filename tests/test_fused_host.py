@@ -42,7 +42,7 @@ def cache(tmp_path, monkeypatch):
 def test_compiles_for_sm90a_without_spills(cache, block_m, cluster):
     from moebench.kernels.cuda_build import compile_source
     per_sm = fused_arm.ctas_per_sm(block_m)
-    stages = choose_stages(block_m, 7168)
+    stages = choose_stages(block_m, 7168, per_sm, cluster)
     m = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(block_m, stages, per_sm, cluster))
     r = m.resources(fused_arm.KERNEL_NAME)
     assert m.build.arch == "sm_90a"
@@ -358,37 +358,30 @@ from moebench.fixtures.shapes import BUILTIN_FAMILIES as _FAMILIES  # noqa: E402
 NVCC_RELEASE = "13.0"
 
 
-def test_pick_launch_takes_more_ctas_only_where_they_save_rounds():
-    from moebench.kernels.fused_arm import pick_launch
-    two, three = (8, 2, 30), (8, 3, 45)  # clusters of 8 the H200 fits at 2 and 3 CTAs an SM
+def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
+    from moebench.kernels.fused_arm import pick_occupancy
+    two, three = (2, 62), (3, 92)  # clusters of 4 the H200 fits at 2 and 3 CTAs an SM
     # the four fixtures' items (blocks of 8 x one requant group) and what the H200 measured
-    assert pick_launch(57, [two, three]) == 0  # A8: 2 rounds either way; 3/SM lost (0.96x)
-    assert pick_launch(74, [two, three]) == 1  # Q8: 3 rounds -> 2 (1.02x)
-    assert pick_launch(280, [two, three]) == 1  # A128: 10 rounds -> 7 (1.12x)
-    assert pick_launch(470, [two, three]) == 1  # Q128: 16 -> 11 (1.10x)
-    assert pick_launch(30, [two, three]) == 0  # one round fits either way
-    assert pick_launch(1, [two]) == 0
-    assert pick_launch(0, [two, three]) == 0
-
-
-def test_pick_launch_weighs_a_cluster_of_4_by_its_double_share():
-    from moebench.kernels.fused_arm import pick_launch
-    # a CTA of a cluster of 4 streams twice the bytes per item: one round of 4 costs two of 8
-    options = [(8, 2, 30), (8, 3, 45), (4, 2, 64), (4, 3, 96)]
-    assert pick_launch(280, options) == 3  # 7 rounds of 8 against 3 of 4 (= 6)
-    assert pick_launch(470, options) == 3  # 11 against 5 (= 10)
-    assert pick_launch(57, options) == 0  # 2 rounds of 8 or 1 of 4: a tie, the first
-    assert pick_launch(90, options) == 1  # 2 rounds of 8 (45) against 1 of 4 (96): a tie
-    assert pick_launch(97, options) == 1  # 3 of 8 against 2 of 4 (= 4)
-    assert pick_launch(100, [(4, 3, 96), (8, 3, 45)]) == 1  # 3 rounds of 8 against 2 of 4
+    assert pick_occupancy(57, [two, three]) == 0  # A8: 1 round either way; 3/SM lost (0.97x)
+    assert pick_occupancy(74, [two, three]) == 1  # Q8: 2 rounds -> 1 (1.13x)
+    assert pick_occupancy(280, [two, three]) == 1  # A128: 5 rounds -> 4 (1.01x)
+    assert pick_occupancy(470, [two, three]) == 1  # Q128: 8 -> 6 (1.05x)
+    assert pick_occupancy(62, [two, three]) == 0  # one round fits either way
+    assert pick_occupancy(1, [two]) == 0
+    assert pick_occupancy(0, [two, three]) == 0
 
 
 def test_one_more_cta_an_sm_fits_only_with_a_shallow_ring():
-    # BLOCK_M 8 at the fixtures' K: 4 stages at 2 an SM, 2 at 3 (what pick_launch compares)
+    # BLOCK_M 8 at the fixtures' K (what pick_occupancy compares): clusters of 8, 4 stages at
+    # 2 an SM and 2 at 3; clusters of 4 (activation rows of 2 k blocks, not 4), 5 and 3
     for K in (7168, 2048):
         assert choose_stages(8, K, 2) == 4 and choose_stages(8, K, 3) == 2
         assert 3 * (shared_bytes(8, 2, K) + 1024) <= fused_arm.SMEM_PER_SM
         assert 3 * (shared_bytes(8, 3, K) + 1024) > fused_arm.SMEM_PER_SM
+        assert choose_stages(8, K, 2, 4) == 5 and choose_stages(8, K, 3, 4) == 3
+        assert 3 * (shared_bytes(8, 3, K, 4) + 1024) <= fused_arm.SMEM_PER_SM
+        assert 3 * (shared_bytes(8, 4, K, 4) + 1024) > fused_arm.SMEM_PER_SM
+    assert fused_arm.x_row(8) == 528 and fused_arm.x_row(4) == 272
 
 
 def _nvcc() -> str | None:
@@ -409,12 +402,12 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
     ks = sorted({f.K for f in _FAMILIES.values()} | {2048})
     for bm in (8, 16, 32, 64):
         for K in ks:
-            for per_sm in (fused_arm.ctas_per_sm(bm), fused_arm.ctas_per_sm(bm) + 1):  # pick_launch's two
-                try:
-                    stages = choose_stages(bm, K, per_sm)
-                except UserError:
-                    continue
+            for per_sm in (fused_arm.ctas_per_sm(bm), fused_arm.ctas_per_sm(bm) + 1):  # pick_occupancy's two
                 for cluster in fused_arm.CLUSTERS:
+                    try:
+                        stages = choose_stages(bm, K, per_sm, cluster)
+                    except UserError:
+                        continue
                     d = fused_arm.kernel_defines(bm, stages, per_sm, cluster)
                     if (fused_arm.SOURCE, d) not in out:
                         out.append((fused_arm.SOURCE, d))

@@ -28,9 +28,12 @@ LAYOUT = "fused-v1"  # bump when prepare_fused_weights changes the order it writ
 
 GROUP = 128  # FP8 block-scale granularity (weights 128x128, activations 1x128)
 CLUSTERS = (8, 4)  # CTAs per cluster: 8 x 16 or 4 x 32 intermediate columns = one requant group
+# Clusters of 4 by default: against 8 on the H200, 1.156x at A8, 1.005x at A128, 1.032x at Q8
+# and 1.068x at Q128 (results/h200/experiments/cuda-fused-clusters-*.json).
+DEFAULT_CLUSTER = 4
 THREADS = 288  # 8 consumer warps + 1 producer warp
 CHUNK_BYTES = 16384
-X_ROW, AQ_ROW, STG_ROW = 528, 144, 20
+AQ_ROW, STG_ROW = 144, 20
 MAX_BLOCK_M = 64
 MAX_E, MAX_TOP_K = 1024, 16
 SMEM_PER_SM = 228 * 1024  # H100/H200: shared memory per SM; 1 KB of it reserved per CTA
@@ -50,7 +53,7 @@ class FusedWeights:
     w1_scale: torch.Tensor  # [E, N/128, K/128] fp32, unchanged
     w2: torch.Tensor  # [E, K, I] uint8, re-laid down codes
     w2_scale: torch.Tensor  # [E, K/128, I/128] fp32, unchanged
-    cluster: int = 8  # the cluster size the order is for (CTAs per work item)
+    cluster: int  # the cluster size the order is for (CTAs per work item)
     layout: str = LAYOUT
 
     @property
@@ -81,7 +84,7 @@ def _codes(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def prepare_fused_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor,
-                          w2_scale: torch.Tensor, cluster: int = 8) -> FusedWeights:
+                          w2_scale: torch.Tensor, cluster: int = DEFAULT_CLUSTER) -> FusedWeights:
     """Re-lay gate/up [E,N,K] and down [E,K,I] FP8 weights for the fused kernel run with
     clusters of `cluster` CTAs (untimed). With C = 128/cluster columns a CTA:
 
@@ -132,9 +135,15 @@ def meta_bytes(block_m: int, K: int) -> int:
     return (16 + 3 * block_m * 4 + KB * block_m * 4 + 3 * KB * 4 + 15) & ~15
 
 
-def shared_bytes(block_m: int, stages: int, K: int) -> int:
+def x_row(cluster: int) -> int:
+    """Bytes of one activation row of a GEMM1 chunk in shared memory (the kernel's X_ROW):
+    the chunk's k blocks (4 at clusters of 8, 2 at 4) + 16, so the B loads hit every bank once."""
+    return cluster // 2 * GROUP + 16
+
+
+def shared_bytes(block_m: int, stages: int, K: int, cluster: int = 8) -> int:
     """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
-    n = stages * CHUNK_BYTES + stages * block_m * X_ROW + block_m * GROUP * 4 + 8 * 16 * block_m * 4
+    n = stages * CHUNK_BYTES + stages * block_m * x_row(cluster) + block_m * GROUP * 4 + 8 * 16 * block_m * 4
     n += block_m * AQ_ROW
     n = (n + 15) & ~15
     n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
@@ -147,25 +156,22 @@ def ctas_per_sm(block_m: int) -> int:
     return 2 if block_m <= 16 else 1
 
 
-def pick_launch(items: int, options: list[tuple[int, int, int]]) -> int:
-    """Index into `options` ((cluster size, CTAs an SM, resident clusters); clusters of 8
-    first, then fewest CTAs an SM first) of the launch to use: the one whose busiest CTA
-    streams the fewest bytes, rounds of items x bytes a CTA per item (48*K at clusters of
-    8, twice that at 4), the first on ties. So one more CTA an SM (shallower ring, more
-    consumer warps: measured 1.10-1.12x at A128 and Q128 on the H200,
-    results/h200/experiments/cuda-fused-stages-*) is taken only where its extra clusters
-    take whole rounds off, since each round is slower; where the rounds stay the same it
-    lost (A8: 57 items, 2 rounds either way, 0.96x)."""
-    cost = [-(-items // max(resident, 1)) * (8 // cluster) for cluster, _, resident in options]
-    return cost.index(min(cost))
+def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
+    """Index into `options` ((CTAs an SM, resident clusters), fewest CTAs an SM first) of
+    the launch to use: one more CTA an SM (shallower ring, more consumer warps: measured
+    1.10-1.12x at A128 and Q128 on the H200 with clusters of 8,
+    results/h200/experiments/cuda-fused-stages-*) only where its extra clusters take whole
+    rounds of items off, since each round is slower; where the rounds stay the same it lost
+    (A8: 0.96x at clusters of 8; 0.97x at clusters of 4, experiments/cuda-fused-clusters-*)."""
+    rounds = [-(-items // max(c, 1)) for _, c in options]
+    return rounds.index(min(rounds))  # the first (fewest CTAs an SM) of those with fewest rounds
 
 
 @dataclass(frozen=True)
 class LaunchOption:
-    """One way to launch the kernel: cluster size, occupancy, ring depth, and the clusters
-    the driver keeps resident at that occupancy (the persistent grid's size)."""
+    """One way to launch the kernel: occupancy, ring depth, and the clusters the driver
+    keeps resident at that occupancy (the persistent grid's size)."""
 
-    cluster: int
     per_sm: int
     stages: int
     smem: int
@@ -174,51 +180,43 @@ class LaunchOption:
     kernel: object
 
 
-def launch_options(block_m: int, K: int, device_index: int, clusters=(8,), per_sm: int | None = None,
+def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm: int | None = None,
                    stages: int | None = None) -> list[LaunchOption]:
-    """Every launch `pick_launch` weighs, in its order: for each cluster size, the default
-    occupancy and one more CTA an SM with the deepest ring that still fits; only the given
-    occupancy or ring depth where one is set."""
+    """The launches `pick_occupancy` weighs: the default occupancy and one more CTA an SM
+    with the deepest ring that still fits; only the given occupancy or ring depth where one
+    is set."""
     from moebench.kernels.cuda_launch import raise_shared_limit
     if per_sm is None and stages is None:
         per_sm_options = [ctas_per_sm(block_m)]
         try:
-            choose_stages(block_m, K, per_sm_options[0] + 1)
+            choose_stages(block_m, K, per_sm_options[0] + 1, cluster)
             per_sm_options.append(per_sm_options[0] + 1)
         except UserError:
             pass
     else:
         per_sm_options = [ctas_per_sm(block_m) if per_sm is None else per_sm]
     out = []
-    for cluster in clusters:
-        for ps in per_sm_options:
-            st = choose_stages(block_m, K, ps) if stages is None else stages
-            smem = shared_bytes(block_m, st, K)
-            _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
-            module = build_fused(block_m, st, ps, cluster)
-            kernel = module.kernel(KERNEL_NAME, device_index)
-            raise_shared_limit(kernel, smem, device_index)
-            resident = resident_clusters(kernel, smem, device_index, ps, cluster)
-            out.append(LaunchOption(cluster, ps, st, smem, resident, module, kernel))
+    for ps in per_sm_options:
+        st = choose_stages(block_m, K, ps, cluster) if stages is None else stages
+        smem = shared_bytes(block_m, st, K, cluster)
+        _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
+        module = build_fused(block_m, st, ps, cluster)
+        kernel = module.kernel(KERNEL_NAME, device_index)
+        raise_shared_limit(kernel, smem, device_index)
+        resident = resident_clusters(kernel, smem, device_index, ps, cluster)
+        out.append(LaunchOption(ps, st, smem, resident, module, kernel))
     return out
 
 
-def choose_launch(block_m: int, K: int, device_index: int, items: int, clusters=CLUSTERS,
-                  per_sm: int | None = None, stages: int | None = None) -> LaunchOption:
-    """The launch `pick_launch` takes for `items` work items among `launch_options`."""
-    options = launch_options(block_m, K, device_index, clusters, per_sm, stages)
-    return options[pick_launch(items, [(o.cluster, o.per_sm, o.resident) for o in options])]
-
-
-def choose_stages(block_m: int, K: int, per_sm: int | None = None) -> int:
+def choose_stages(block_m: int, K: int, per_sm: int | None = None, cluster: int = 8) -> int:
     """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs resident on an SM."""
     per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
     per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // per_sm - 1024)
     for stages in range(MAX_STAGES, 1, -1):
-        if shared_bytes(block_m, stages, K) <= per_cta:
+        if shared_bytes(block_m, stages, K, cluster) <= per_cta:
             return stages
     raise UserError(f"cuda-fused: block_m={block_m} with K={K} needs "
-                    f"{shared_bytes(block_m, 2, K)} B of shared memory, more than an SM has")
+                    f"{shared_bytes(block_m, 2, K, cluster)} B of shared memory, more than an SM has")
 
 
 def default_block_m(num_slots: int, num_experts: int) -> int:
@@ -338,7 +336,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream.
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
-    (plan blocks x requant groups; the plan's worst case when None) by `pick_launch`; the
+    (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
     cluster size is the one `weights` were laid out for."""
     import numpy as np
 
@@ -350,7 +348,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
     items = max_blocks * G if items is None else items
-    opt = choose_launch(bm, K, x.device.index, items, (cluster,), per_sm, stages)
+    options = launch_options(bm, K, x.device.index, cluster, per_sm, stages)
+    opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, max_blocks * G)) for o in options])]
     per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
     clusters = min(opt.resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
@@ -415,15 +414,9 @@ class CudaFusedArm(Arm):
         plan = route_plan(fx.topk_ids, s.E, bm)
         items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
         plan = plan.to(fx.device)
-        stages, per_sm, cluster = self.stages, self.per_sm, self.cluster
-        if cluster is None:  # the cluster size (and with it the occupancy) pick_launch takes
-            device = torch.device(fx.device)
-            opt = choose_launch(bm, s.K, device.index if device.index is not None else torch.cuda.current_device(),
-                                items, CLUSTERS, per_sm, stages)
-            stages, per_sm, cluster = opt.stages, opt.per_sm, opt.cluster
-        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
+        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, self.cluster or DEFAULT_CLUSTER)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
-                                                      stages=stages, per_sm=per_sm, items=items)
+                                                      stages=self.stages, per_sm=self.per_sm, items=items)
         res = module.resources(KERNEL_NAME)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,

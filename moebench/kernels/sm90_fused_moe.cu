@@ -68,13 +68,13 @@
 #define THREADS 288            // + warp 8, the producer
 #define GROUP 128              // FP8 block-scale granularity
 #define CHUNK_BYTES 16384      // one ring stage of weights
-#define X_ROW 528              // shared row of activations: 512 bytes + 16 (no bank conflicts)
 #define AQ_ROW 144             // shared row of requantized intermediate: 128 bytes + 16
 #define STG_ROW 20             // epilogue staging row (floats): 16 + 4, conflict-free
 #define NT (BLOCK_M / 8)       // mma n-tiles per block
 #define COLS (GROUP / CLUSTER) // intermediate columns per CTA: 16 or 32
 #define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2 or 4
 #define KBC (8 / MT1)          // k blocks per GEMM1 chunk (8 warps = KBC x MT1): 4 or 2
+#define X_ROW (KBC * GROUP + 16)  // shared row of a chunk's activations: + 16 bytes (no bank conflicts)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
 #define LOG2_Q (CLUSTER == 8 ? 2 : 3)  // log2 of COLS / 4 (float4 stores per token and CTA)
