@@ -1,14 +1,15 @@
 """Arm `cuda-fused`: the whole FP8 MoE layer in one sm_90a kernel (sm90_fused_moe.cu).
 
 Public helpers:
-  prepare_fused_weights(w1, w1_scale, w2, w2_scale) -> FusedWeights   one-off, untimed layout change
+  prepare_fused_weights(w1, w1_scale, w2, w2_scale, cluster=4) -> FusedWeights   one-off, untimed layout change
   fused_moe(x, x_scale, weights, plan, topk_weights, out=None) -> out  checks, allocates, launches
 
 The layout change re-orders each expert's FP8 weights so that every CTA of the kernel streams
 one contiguous range, tile by tile in mma fragment order (the kernel's header comment has the
 details). Bytes per fixture are unchanged: the kernel reads every routed expert's weights once
-per plan block, 48*K bytes per work item (plan block x group of 128 columns), split over the CTAs of one cluster (8 CTAs of
-48*K bytes, or 4 of 96*K); the grid is persistent (as many clusters as the GPU holds at once).
+per plan block, 384*K bytes per work item (plan block x group of 128 columns), split over the
+CTAs of one cluster (8 CTAs of 48*K bytes, or 4 of 96*K, the default); the grid is persistent
+(as many clusters as the GPU holds at once).
 """
 
 from __future__ import annotations

@@ -3,18 +3,20 @@
 //   out[t] += w[t,k] * down_e( requant128( silu(gate_e(x_t)) * up_e(x_t) ) ),  e = ids[t,k]
 //
 // Work split. A work item is one (route-plan block, requant group g of 128 intermediate
-// columns); it belongs to one thread-block cluster of 8 CTAs. CTA c of the cluster
-//   GEMM1  streams 16 gate rows and 16 up rows of w1[e] (rows 128g+16c.., I+128g+16c..) over
-//          the full K: 32*K bytes; h = x . w1^T with 128x128 block scales, FP32;
-//   SwiGLU a = silu(h_gate) * h_up for its 16 columns, stored with st.async into the shared
-//          memory of all 8 CTAs (DSMEM), completing on each one's mbarrier: every CTA holds
-//          the group's 128 columns;
+// columns); it belongs to one thread-block cluster of CLUSTER CTAs (8 or 4), each owning
+// COLS = 128/CLUSTER columns (16 or 32). CTA c of the cluster
+//   GEMM1  streams COLS gate rows and COLS up rows of w1[e] (rows 128g+COLS*c.., I+128g+COLS*c..)
+//          over the full K: 2*COLS*K bytes; h = x . w1^T with 128x128 block scales, FP32;
+//   SwiGLU a = silu(h_gate) * h_up for its COLS columns, stored with st.async into the shared
+//          memory of all CLUSTER CTAs (DSMEM), completing on each one's mbarrier: every CTA
+//          holds the group's 128 columns;
 //   requant per token over the 128 columns (scale = max(amax/448, 1e-10)), FP8 codes, on chip;
-//   GEMM2  streams rows [c*K/8, (c+1)*K/8) of w2[e] restricted to group g: 16*K bytes, and
-//          adds route_weight * y into the BF16 output with v4.bf16x2 reductions (8 columns).
+//   GEMM2  streams rows [c*K/CLUSTER, (c+1)*K/CLUSTER) of w2[e] restricted to group g:
+//          128*K/CLUSTER bytes, and adds route_weight * y into the BF16 output with
+//          v4.bf16x2 reductions (8 columns).
 // Persistent grid: as many clusters as fit on the GPU at once (the host asks the driver), and
-// cluster q takes items q, q + clusters, ... (all 8 CTAs see the same sequence). Every item
-// streams the same 48*K bytes per CTA, so a static stride balances as well as a queue.
+// cluster q takes items q, q + clusters, ... (all its CTAs see the same sequence). Every item
+// streams the same 384*K/CLUSTER bytes per CTA, so a static stride balances as well as a queue.
 //
 // Warp roles: warps 0-7 compute (no __syncthreads in the loop: named barrier 1 among them);
 // warp 8 is the producer. It reads each item's route-plan entries and scales into one of two
@@ -38,8 +40,8 @@
 // is the 32 contiguous bytes [32t, 32t+32) of its token's row (t = lane % 4):
 //     logical k 4t+j    of k-step s  <->  physical 32t + 8s + j
 //     logical k 16+4t+j of k-step s  <->  physical 32t + 8s + 4 + j
-// The stream is cut into 16 KB chunks (GEMM1: 4 k blocks of the 32 rows; GEMM2: 8 m-tiles
-// of 16 rows x 128) in a ring of STAGES buffers; the activation rows of a GEMM1 chunk land
+// The stream is cut into 16 KB chunks (GEMM1: KBC k blocks of the 2*COLS rows, 4 x 32 or
+// 2 x 64; GEMM2: 8 m-tiles of 16 rows x 128) in a ring of STAGES buffers; the activation rows of a GEMM1 chunk land
 // in the same stage on the same mbarrier. Padding rows (no token) are never copied: the
 // activation ring is zeroed once at start, so a padding row holds zeros or another item's
 // (finite) activations, and its scale is 0: its accumulators stay 0 and nothing is written.
@@ -49,7 +51,8 @@
 // padding.
 //
 // Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8), STAGES (ring
-// depth), MIN_CTAS_PER_SM (1 or 2: the register budget; the host sizes STAGES to match).
+// depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes STAGES to match),
+// CLUSTER (8 or 4; the host lays the weights out for it).
 
 #ifndef BLOCK_M
 #define BLOCK_M 8
@@ -113,6 +116,11 @@ __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+// Raise the phase's expected bytes without arriving: the phase stays open for the arrival.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
@@ -221,8 +229,8 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 // ------------------------------------------------------------------------------ shared layout
 // Offsets in bytes from the dynamic shared base; fused_arm.py mirrors this (shared_bytes()).
 //   ring   STAGES x 16 KB          weight chunks
-//   xring  STAGES x BLOCK_M x 528  activation rows of GEMM1 chunks
-//   afull  BLOCK_M x 128 floats    the group's SwiGLU output, stored by all 8 CTAs
+//   xring  STAGES x BLOCK_M x X_ROW  activation rows of GEMM1 chunks
+//   afull  BLOCK_M x 128 floats    the group's SwiGLU output, stored by all CLUSTER CTAs
 //   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
@@ -319,7 +327,7 @@ moebench_fused_moe(
             mbar_init(sm.mfull + 8 * b, 32);         // the producer warp's lanes
             mbar_init(sm.mempty + 8 * b, CONSUMERS);
         }
-        mbar_init(sm.abar, 1);                       // local expect_tx; bytes from 8 CTAs
+        mbar_init(sm.abar, 1);                       // local expect_tx; bytes from CLUSTER CTAs
         mbar_init(sm.aempty, CLUSTER);               // one arrival per reading CTA
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -332,7 +340,11 @@ moebench_fused_moe(
 
     if (warp == 8) {
         // ================================================================ producer warp
+        // The first two plan reads go out together: the padded total and the first item's
+        // expert id (block cid / G < max_blocks: the host launches at most max_blocks * G
+        // clusters, and the plan buffers hold max_blocks blocks).
         const int ntpp = __ldg(num_tokens_post_padded);
+        const int first_e = __ldg(expert_ids + cid / G);
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
         const long items = static_cast<long>(max(nblocks, 0)) * G;
         long w = cid;
@@ -342,7 +354,7 @@ moebench_fused_moe(
             for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
                 block = static_cast<int>(w / G);
                 g = static_cast<int>(w - static_cast<long>(block) * G);
-                e = __ldg(expert_ids + block);
+                e = w == cid ? first_e : __ldg(expert_ids + block);
                 if (e >= 0 && e < E) break;
                 e = -1;
             }
@@ -355,6 +367,49 @@ moebench_fused_moe(
                 mbar_arrive(sm.mfull + 8 * slot);
                 break;
             }
+            const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
+            const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
+            const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
+            // Chunk j's weights into ring stage st; a GEMM1 chunk's phase stays open (no
+            // arrival) until its activation rows are issued by `rows`.
+            auto weights = [&](int j, u32 st) {
+                if (lane != 0) return;
+                if (j < n1) {
+                    const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
+                    mbar_expect_tx(sm.full + 8 * st, wbytes);
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+                } else {
+                    const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
+                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+                }
+            };
+            // GEMM1 chunk j's activation rows (the block's valid tokens), then the arrival.
+            auto rows = [&](int j, u32 st) {
+                const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
+                int valid = 0;
+                for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
+                if (lane == 0) mbar_arrive_expect_tx(sm.full + 8 * st, valid * abytes);
+                for (int r = lane; r < BLOCK_M; r += 32) {
+                    const int t = m.tok[r];
+                    if (t >= 0)
+                        bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
+                                  x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
+                }
+            };
+            auto issue = [&](int j) {
+                const u32 st = gc % STAGES;
+                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
+                weights(j, st);
+                if (j < n1) rows(j, st);
+                ++gc;
+            };
+            // The first item's first weight chunks go out as soon as its expert is known (the
+            // ring is free), before its tokens and scales are read; their rows follow.
+            const int pre = n == 0 ? min(STAGES, total) : 0;
+            for (int j = 0; j < pre; ++j) weights(j, j);
             for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
                 const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
                 const bool valid = s >= 0 && s < num_slots;
@@ -362,39 +417,8 @@ moebench_fused_moe(
                 m.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
             }
             __syncwarp();
-            const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
-            const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
-            const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
-            auto issue = [&](int j) {
-                const u32 st = gc % STAGES;
-                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
-                if (j < n1) {
-                    const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
-                    const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
-                    int valid = 0;
-                    for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
-                    if (lane == 0) {
-                        mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
-                        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
-                                  wbytes, sm.full + 8 * st);
-                    }
-                    for (int r = lane; r < BLOCK_M; r += 32) {
-                        const int t = m.tok[r];
-                        if (t >= 0)
-                            bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
-                                      x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
-                    }
-                } else if (lane == 0) {
-                    const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
-                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
-                }
-                ++gc;
-            };
-            // The first item's first chunks go out before its scales are read (the ring is free).
-            const int pre = n == 0 ? min(STAGES, total) : 0;
-            for (int j = 0; j < pre; ++j) issue(j);
+            for (int j = 0; j < min(pre, n1); ++j) rows(j, j);
+            gc += pre;
             for (int i = lane; i < KB * BLOCK_M; i += 32) {
                 const int kb = i / BLOCK_M, r = i % BLOCK_M, t = m.tok[r];
                 m.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
