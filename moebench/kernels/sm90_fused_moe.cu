@@ -118,11 +118,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
-// Raise the phase's expected bytes without arriving: the phase stays open for the arrival.
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     asm volatile(
         "{\n"
@@ -340,11 +335,7 @@ moebench_fused_moe(
 
     if (warp == 8) {
         // ================================================================ producer warp
-        // The first two plan reads go out together: the padded total and the first item's
-        // expert id (block cid / G < max_blocks: the host launches at most max_blocks * G
-        // clusters, and the plan buffers hold max_blocks blocks).
         const int ntpp = __ldg(num_tokens_post_padded);
-        const int first_e = __ldg(expert_ids + cid / G);
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
         const long items = static_cast<long>(max(nblocks, 0)) * G;
         long w = cid;
@@ -354,7 +345,7 @@ moebench_fused_moe(
             for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
                 block = static_cast<int>(w / G);
                 g = static_cast<int>(w - static_cast<long>(block) * G);
-                e = w == cid ? first_e : __ldg(expert_ids + block);
+                e = __ldg(expert_ids + block);
                 if (e >= 0 && e < E) break;
                 e = -1;
             }
@@ -367,49 +358,6 @@ moebench_fused_moe(
                 mbar_arrive(sm.mfull + 8 * slot);
                 break;
             }
-            const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
-            const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
-            const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
-            // Chunk j's weights into ring stage st; a GEMM1 chunk's phase stays open (no
-            // arrival) until its activation rows are issued by `rows`.
-            auto weights = [&](int j, u32 st) {
-                if (lane != 0) return;
-                if (j < n1) {
-                    const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
-                    mbar_expect_tx(sm.full + 8 * st, wbytes);
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
-                } else {
-                    const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
-                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
-                }
-            };
-            // GEMM1 chunk j's activation rows (the block's valid tokens), then the arrival.
-            auto rows = [&](int j, u32 st) {
-                const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
-                int valid = 0;
-                for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
-                if (lane == 0) mbar_arrive_expect_tx(sm.full + 8 * st, valid * abytes);
-                for (int r = lane; r < BLOCK_M; r += 32) {
-                    const int t = m.tok[r];
-                    if (t >= 0)
-                        bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
-                                  x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
-                }
-            };
-            auto issue = [&](int j) {
-                const u32 st = gc % STAGES;
-                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
-                weights(j, st);
-                if (j < n1) rows(j, st);
-                ++gc;
-            };
-            // The first item's first weight chunks go out as soon as its expert is known (the
-            // ring is free), before its tokens and scales are read; their rows follow.
-            const int pre = n == 0 ? min(STAGES, total) : 0;
-            for (int j = 0; j < pre; ++j) weights(j, j);
             for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
                 const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
                 const bool valid = s >= 0 && s < num_slots;
@@ -417,8 +365,39 @@ moebench_fused_moe(
                 m.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
             }
             __syncwarp();
-            for (int j = 0; j < min(pre, n1); ++j) rows(j, j);
-            gc += pre;
+            const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
+            const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
+            const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
+            auto issue = [&](int j) {
+                const u32 st = gc % STAGES;
+                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
+                if (j < n1) {
+                    const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
+                    const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
+                    int valid = 0;
+                    for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
+                        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                                  wbytes, sm.full + 8 * st);
+                    }
+                    for (int r = lane; r < BLOCK_M; r += 32) {
+                        const int t = m.tok[r];
+                        if (t >= 0)
+                            bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
+                                      x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
+                    }
+                } else if (lane == 0) {
+                    const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
+                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+                }
+                ++gc;
+            };
+            // The first item's first chunks go out before its scales are read (the ring is free).
+            const int pre = n == 0 ? min(STAGES, total) : 0;
+            for (int j = 0; j < pre; ++j) issue(j);
             for (int i = lane; i < KB * BLOCK_M; i += 32) {
                 const int kb = i / BLOCK_M, r = i % BLOCK_M, t = m.tok[r];
                 m.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
