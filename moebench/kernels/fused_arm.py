@@ -148,7 +148,7 @@ def shared_bytes(block_m: int, stages: int, K: int, cluster: int = 8) -> int:
     n += block_m * AQ_ROW
     n = (n + 15) & ~15
     n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
-    return n + stages * 8 + 2 * 8 + 2 * 8  # mbarriers: full [stages], mfull [2], afull, aempty
+    return n + 2 * stages * 8 + 4 * 8 + 2 * 8
 
 
 def ctas_per_sm(block_m: int) -> int:

@@ -179,33 +179,8 @@ __device__ __forceinline__ void mbar_arrive_remote(u32 rbar) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(rbar) : "memory");
 }
 
-// Named barriers (bar.sync 0 is __syncthreads): 1 among the consumers; "this buffer may be
-// refilled", consumers to producer (bar.arrive / bar.sync over all THREADS), one per meta
-// slot and one per ring stage. Arriving does not block the consumers; a buffer's next
-// generation cannot start before the producer has refilled it, so generations never mix.
-#define BAR_CONSUMERS 1
-#define BAR_META 2             // + slot (0, 1)
-#define BAR_RING 4             // + stage
-static_assert(BAR_RING + STAGES <= 16, "16 named barriers a CTA");
-
-// Barrier ids as immediates (a register id makes ptxas reserve all 16 for the CTA).
-template <int ID> __device__ __forceinline__ void bar_arrive_id() {
-    asm volatile("bar.arrive %0, %1;" :: "n"(ID), "n"(THREADS) : "memory");
-}
-template <int ID> __device__ __forceinline__ void bar_sync_id() {
-    asm volatile("bar.sync %0, %1;" :: "n"(ID), "n"(THREADS) : "memory");
-}
-#define BAR_CASES(F) \
-    switch (id) { \
-    case 2: F<2>(); break; case 3: F<3>(); break; case 4: F<4>(); break; case 5: F<5>(); break; \
-    case 6: F<6>(); break; case 7: F<7>(); break; case 8: F<8>(); break; case 9: F<9>(); break; \
-    case 10: F<10>(); break; case 11: F<11>(); break; case 12: F<12>(); break; case 13: F<13>(); break; \
-    default: __trap(); }
-__device__ __forceinline__ void bar_arrive(u32 id) { BAR_CASES(bar_arrive_id) }
-__device__ __forceinline__ void bar_sync(u32 id) { BAR_CASES(bar_sync_id) }
-
 __device__ __forceinline__ void named_sync_consumers() {
-    asm volatile("bar.sync %0, %1;" :: "n"(BAR_CONSUMERS), "n"(CONSUMERS) : "memory");
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
 }
 
 // D += A(16x32 e4m3, row) * B(32x8 e4m3, col), FP32 accumulators.
@@ -257,7 +232,7 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 //   meta   2 x META bytes          per item: expert, group, block; token, route weight,
 //                                  requant scale x route weight [BLOCK_M]; activation scales
 //                                  [KB][BLOCK_M]; gate/up scales [2][KB]; down scales [KB]
-//   bars   full [STAGES]; mfull [2]; afull, aempty (mbarriers)
+//   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty
 
 __host__ __device__ constexpr u32 meta_bytes(int KB) {
     return (16 + 3 * BLOCK_M * 4 + KB * BLOCK_M * 4 + 3 * KB * 4 + 15) & ~15u;
@@ -281,7 +256,7 @@ __device__ __forceinline__ Meta meta_at(u8* p, int KB) {
 
 struct Smem {
     u8* ring; u8* xring; float* afull; float* red; u8* aq; float* stg; u8* meta;
-    u32 full; u32 mfull; u32 abar; u32 aempty; u32 bytes;
+    u32 full; u32 empty; u32 mfull; u32 mempty; u32 abar; u32 aempty; u32 bytes;
 };
 
 __device__ __forceinline__ Smem carve(u8* base, int KB) {
@@ -296,7 +271,9 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
     s.stg = reinterpret_cast<float*>(base + off);    off += 8 * 8 * STG_ROW * 4;
     s.meta = base + off;                             off += 2 * meta_bytes(KB);
     s.full = smem_u32(base + off);                   off += STAGES * 8;
+    s.empty = smem_u32(base + off);                  off += STAGES * 8;
     s.mfull = smem_u32(base + off);                  off += 2 * 8;
+    s.mempty = smem_u32(base + off);                 off += 2 * 8;
     s.abar = smem_u32(base + off);                   off += 8;
     s.aempty = smem_u32(base + off);                 off += 8;
     s.bytes = off;
@@ -339,9 +316,11 @@ moebench_fused_moe(
     if (tid == 0) {
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(sm.full + 8 * st, 1);
+            mbar_init(sm.empty + 8 * st, 8);         // one arrival per consumer warp
         }
         for (int b = 0; b < 2; ++b) {
             mbar_init(sm.mfull + 8 * b, 32);         // the producer warp's lanes
+            mbar_init(sm.mempty + 8 * b, CONSUMERS);
         }
         mbar_init(sm.abar, 1);                       // local expect_tx; bytes from CLUSTER CTAs
         mbar_init(sm.aempty, CLUSTER);               // one arrival per reading CTA
@@ -361,8 +340,7 @@ moebench_fused_moe(
         const long items = static_cast<long>(max(nblocks, 0)) * G;
         long w = cid;
         u32 gc = 0;  // chunks issued
-        int n = 0;  // items written to the meta slots, the terminal one last
-        for (;; ++n, w += ncl) {
+        for (int n = 0;; ++n, w += ncl) {
             int e = -1, g = 0, block = 0;
             for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
                 block = static_cast<int>(w / G);
@@ -372,7 +350,7 @@ moebench_fused_moe(
                 e = -1;
             }
             const int slot = n & 1;
-            if (n >= 2) bar_sync(BAR_META + slot);  // the consumers are done with item n - 2
+            mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
             if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; m.hdr[2] = block; }
             if (e < 0) {
@@ -392,7 +370,7 @@ moebench_fused_moe(
             const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
             auto issue = [&](int j) {
                 const u32 st = gc % STAGES;
-                if (gc >= STAGES) bar_sync(BAR_RING + st);  // the consumers are done with chunk gc - STAGES
+                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
                 if (j < n1) {
                     const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
                     const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
@@ -433,10 +411,6 @@ moebench_fused_moe(
             mbar_arrive(sm.mfull + 8 * slot);
             for (int j = pre; j < total; ++j) issue(j);
         }
-        // Match the consumers' last arrivals (item n - 1's meta slot, the last STAGES chunks:
-        // buffers never refilled), so no named barrier is left mid-generation at exit.
-        if (n >= 1) bar_sync(BAR_META + ((n - 1) & 1));
-        for (u32 c = gc > STAGES ? gc - STAGES : 0; c < gc; ++c) bar_sync(BAR_RING + c % STAGES);
         cluster_wait_acquire();
     } else {
         // ================================================================ consumer warps
@@ -483,7 +457,7 @@ moebench_fused_moe(
                     }
                 }
                 __syncwarp();
-                bar_arrive(BAR_RING + st);  // this warp is done with stage st
+                if (lane == 0) mbar_arrive(sm.empty + 8 * st);  // this warp is done with stage st
             }
 
             // ---- the KBC k-block partials per row, SwiGLU, st.async to all CLUSTER CTAs
@@ -580,9 +554,9 @@ moebench_fused_moe(
                     }
                 }
                 __syncwarp();
-                bar_arrive(BAR_RING + st);
+                if (lane == 0) mbar_arrive(sm.empty + 8 * st);
             }
-            bar_arrive(BAR_META + slot);  // this warp is done with the item's meta
+            mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
         }
         if (!joined) cluster_wait_acquire();
     }
