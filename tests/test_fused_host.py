@@ -100,14 +100,15 @@ def test_launch_blocks_cover_every_routing():
 
 def test_shared_bytes_and_stages():
     # BLOCK_M 8 at K=7168: two CTAs an SM with a 4-deep ring, or one with 8
-    assert choose_stages(8, 7168) == 4
-    assert 2 * (shared_bytes(8, 4, 7168) + 1024) <= fused_arm.SMEM_PER_SM
-    assert choose_stages(8, 7168, 1) == 8
+    assert choose_stages(8, 7168, None, 8) == 4
+    assert 2 * (shared_bytes(8, 4, 7168, 8) + 1024) <= fused_arm.SMEM_PER_SM
+    assert choose_stages(8, 7168, 1, 8) == 8
     for bm in (8, 16, 24, 32, 64):  # every block_m fits at the widest K the tests use
-        assert shared_bytes(bm, choose_stages(bm, 7168), 7168) <= fused_arm.SMEM_PER_CTA
-    assert shared_bytes(64, choose_stages(64, 7168), 7168) <= fused_arm.SMEM_PER_CTA
+        for cluster in fused_arm.CLUSTERS:
+            stages = choose_stages(bm, 7168, None, cluster)
+            assert shared_bytes(bm, stages, 7168, cluster) <= fused_arm.SMEM_PER_CTA
     with pytest.raises(UserError, match="shared memory"):
-        choose_stages(64, 1 << 20)
+        choose_stages(64, 1 << 20, None, 4)
 
 
 # ------------------------------------------------------------------------------ layout
@@ -375,9 +376,9 @@ def test_one_more_cta_an_sm_fits_only_with_a_shallow_ring():
     # BLOCK_M 8 at the fixtures' K (what pick_occupancy compares): clusters of 8, 4 stages at
     # 2 an SM and 2 at 3; clusters of 4 (activation rows of 2 k blocks, not 4), 5 and 3
     for K in (7168, 2048):
-        assert choose_stages(8, K, 2) == 4 and choose_stages(8, K, 3) == 2
-        assert 3 * (shared_bytes(8, 2, K) + 1024) <= fused_arm.SMEM_PER_SM
-        assert 3 * (shared_bytes(8, 3, K) + 1024) > fused_arm.SMEM_PER_SM
+        assert choose_stages(8, K, 2, 8) == 4 and choose_stages(8, K, 3, 8) == 2
+        assert 3 * (shared_bytes(8, 2, K, 8) + 1024) <= fused_arm.SMEM_PER_SM
+        assert 3 * (shared_bytes(8, 3, K, 8) + 1024) > fused_arm.SMEM_PER_SM
         assert choose_stages(8, K, 2, 4) == 5 and choose_stages(8, K, 3, 4) == 3
         assert 3 * (shared_bytes(8, 3, K, 4) + 1024) <= fused_arm.SMEM_PER_SM
         assert 3 * (shared_bytes(8, 4, K, 4) + 1024) > fused_arm.SMEM_PER_SM

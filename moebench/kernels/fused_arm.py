@@ -142,7 +142,7 @@ def x_row(cluster: int) -> int:
     return cluster // 2 * GROUP + 16
 
 
-def shared_bytes(block_m: int, stages: int, K: int, cluster: int = 8) -> int:
+def shared_bytes(block_m: int, stages: int, K: int, cluster: int) -> int:
     """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
     n = stages * CHUNK_BYTES + stages * block_m * x_row(cluster) + block_m * GROUP * 4 + 8 * 16 * block_m * 4
     n += block_m * AQ_ROW
@@ -209,8 +209,9 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
     return out
 
 
-def choose_stages(block_m: int, K: int, per_sm: int | None = None, cluster: int = 8) -> int:
-    """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs resident on an SM."""
+def choose_stages(block_m: int, K: int, per_sm: int | None, cluster: int) -> int:
+    """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs (None: `ctas_per_sm`)
+    resident on an SM."""
     per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
     per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // per_sm - 1024)
     for stages in range(MAX_STAGES, 1, -1):
@@ -238,21 +239,21 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
     return min(capacity // block_m, (worst + block_m - 1) // block_m)
 
 
-def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int = 8) -> dict[str, str]:
+def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int) -> dict[str, str]:
     """The .cu's meta-parameters for one build."""
     return {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm),
             "CLUSTER": str(cluster)}
 
 
 @functools.lru_cache(maxsize=None)
-def build_fused(block_m: int, stages: int, per_sm: int | None = None, cluster: int = 8):
+def build_fused(block_m: int, stages: int, per_sm: int | None, cluster: int):
     """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
     per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
     return compile_source(SOURCE, defines=kernel_defines(block_m, stages, per_sm, cluster))
 
 
-def resident_clusters(kernel, smem: int, device_index: int, per_sm: int, cluster: int = 8) -> int:
+def resident_clusters(kernel, smem: int, device_index: int, per_sm: int, cluster: int) -> int:
     """Clusters of `cluster` CTAs that the GPU runs at once (the persistent grid): the driver's
     answer (it knows how the SMs group into GPCs), else a cautious estimate."""
     try:
