@@ -59,6 +59,11 @@ for s in "$@"; do case $s in
          ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 scripts/profile_arm.py \$1 \$2 4;
          ncu --import \$f.ncu-rep --page details > \$f-details.txt;
          ncu --import \$f.ncu-rep --page source --csv --print-source sass > \$f-sass.csv; gzip -f \$f-sass.csv; rm -f \$f.ncu-rep; done" ;;
+  ncu-fused-c4) stage ncu-fused-c4 bash -c "for p in 'A128 cuda-fused moebench_fused_moe 2 1' 'Q8 cuda-fused moebench_fused_moe 2 1'; do
+         set -- \$p; f=$W/logs/ncu-c4-\$1-\$2;
+         ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 scripts/profile_arm.py \$1 \$2 4;
+         ncu --import \$f.ncu-rep --page details > \$f-details.txt;
+         ncu --import \$f.ncu-rep --page source --csv --print-source sass > \$f-sass.csv; gzip -f \$f-sass.csv; rm -f \$f.ncu-rep; done" ;;
   gemm2-steps) stage gemm2-steps python3 scripts/gemm2_steps.py "$R/gemm2" ;;
   fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
   fused-clusters) stage fused-clusters python3 scripts/arm_variants.py "$R/clusters" --arm cuda-fused \
