@@ -335,7 +335,12 @@ moebench_fused_moe(
 
     if (warp == 8) {
         // ================================================================ producer warp
+        // The start's plan reads are cold trips to HBM, on the consumers' path to their first
+        // item: each step below issues its loads together and stores after. The padded
+        // total and the first item's expert id go out together (block cid / G < max_blocks:
+        // the host launches at most max_blocks * G clusters; the buffers hold max_blocks).
         const int ntpp = __ldg(num_tokens_post_padded);
+        const int first_e = __ldg(expert_ids + cid / G);
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
         const long items = static_cast<long>(max(nblocks, 0)) * G;
         long w = cid;
@@ -345,7 +350,7 @@ moebench_fused_moe(
             for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
                 block = static_cast<int>(w / G);
                 g = static_cast<int>(w - static_cast<long>(block) * G);
-                e = __ldg(expert_ids + block);
+                e = w == cid ? first_e : __ldg(expert_ids + block);
                 if (e >= 0 && e < E) break;
                 e = -1;
             }
@@ -358,11 +363,18 @@ moebench_fused_moe(
                 mbar_arrive(sm.mfull + 8 * slot);
                 break;
             }
-            for (int r = lane; r < BLOCK_M; r += 32) {  // BLOCK_M may exceed the warp
-                const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
-                const bool valid = s >= 0 && s < num_slots;
-                m.tok[r] = valid ? s / top_k : -1;
-                m.rw[r] = valid ? __ldg(topk_weights + s) : 0.0f;
+            constexpr int RW = (BLOCK_M + 31) / 32;  // BLOCK_M may exceed the warp
+            float rw[RW];  // stored once the scale loads are out
+            #pragma unroll
+            for (int q = 0; q < RW; ++q) {
+                const int r = lane + 32 * q;
+                rw[q] = 0.0f;
+                if (r < BLOCK_M) {
+                    const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
+                    const bool valid = s >= 0 && s < num_slots;
+                    m.tok[r] = valid ? s / top_k : -1;
+                    if (valid) rw[q] = __ldg(topk_weights + s);
+                }
             }
             __syncwarp();
             const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
@@ -398,15 +410,42 @@ moebench_fused_moe(
             // The first item's first chunks go out before its scales are read (the ring is free).
             const int pre = n == 0 ? min(STAGES, total) : 0;
             for (int j = 0; j < pre; ++j) issue(j);
-            for (int i = lane; i < KB * BLOCK_M; i += 32) {
-                const int kb = i / BLOCK_M, r = i % BLOCK_M, t = m.tok[r];
-                m.xs[i] = t >= 0 ? __ldg(x_scale + static_cast<size_t>(t) * KB + kb) : 0.0f;
+            constexpr int XB = BLOCK_M >= 32 ? 6 : 8;  // scale loads in flight a lane (6 from 32: no spill at 2 CTAs an SM)
+            for (int base = lane; base < KB * BLOCK_M; base += 32 * XB) {
+                float v[XB];
+                #pragma unroll
+                for (int u = 0; u < XB; ++u) {
+                    const int i = base + 32 * u;
+                    v[u] = 0.0f;
+                    if (i < KB * BLOCK_M) {
+                        const int t = m.tok[i % BLOCK_M];
+                        if (t >= 0) v[u] = __ldg(x_scale + static_cast<size_t>(t) * KB + i / BLOCK_M);
+                    }
+                }
+                #pragma unroll
+                for (int u = 0; u < XB; ++u)
+                    if (base + 32 * u < KB * BLOCK_M) m.xs[base + 32 * u] = v[u];
             }
-            for (int i = lane; i < KB; i += 32) {
-                m.w1s[i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
-                m.w1s[KB + i] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
-                m.w2s[i] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
+            for (int base = lane; base < KB; base += 64) {  // weight scales, two per lane at once
+                float v[2][3];
+                #pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int i = base + 32 * u;
+                    if (i < KB) {
+                        v[u][0] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
+                        v[u][1] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
+                        v[u][2] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
+                    }
+                }
+                #pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int i = base + 32 * u;
+                    if (i < KB) { m.w1s[i] = v[u][0]; m.w1s[KB + i] = v[u][1]; m.w2s[i] = v[u][2]; }
+                }
             }
+            #pragma unroll
+            for (int q = 0; q < RW; ++q)
+                if (lane + 32 * q < BLOCK_M) m.rw[lane + 32 * q] = rw[q];
             __syncwarp();
             mbar_arrive(sm.mfull + 8 * slot);
             for (int j = pre; j < total; ++j) issue(j);
