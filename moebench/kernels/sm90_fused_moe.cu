@@ -221,6 +221,34 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
+// Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
+// as the address of a zeroed u64 buffer [gridDim.x][TRACE_SLOTS], chosen threads store
+// %globaltimer (ns) at fixed points of the kernel; undefined (every arm build), TRACE
+// compiles to nothing. Slots: 0 entry, 1 %smid, 2 first chunks issued, 3 first meta ready
+// (producer), 4 producer done, 5 consumers done, 6 exit, 7 items; then per item n < 8, at
+// 8 + 5n: meta ready, first chunk landed, GEMM1 done, exchange done, GEMM2 done (consumers).
+#define TRACE_SLOTS 48
+#ifdef MOEBENCH_TRACE
+__device__ __forceinline__ void trace_store(int slot, u64 v) {
+    reinterpret_cast<volatile u64*>(MOEBENCH_TRACE)[blockIdx.x * TRACE_SLOTS + slot] = v;
+}
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+    return t;
+}
+__device__ __forceinline__ u64 smid() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+#define TRACE(cond, slot) do { if (cond) trace_store((slot), globaltimer()); } while (0)
+#define TRACE_VALUE(cond, slot, v) do { if (cond) trace_store((slot), (v)); } while (0)
+#else
+#define TRACE(cond, slot) do { } while (0)
+#define TRACE_VALUE(cond, slot, v) do { } while (0)
+#endif
+
 // ------------------------------------------------------------------------------ shared layout
 // Offsets in bytes from the dynamic shared base; fused_arm.py mirrors this (shared_bytes()).
 //   ring   STAGES x 16 KB          weight chunks
@@ -310,6 +338,8 @@ moebench_fused_moe(
     const int total = n1 + n2;
     const u32 MB = meta_bytes(KB);
 
+    TRACE(tid == 0, 0);
+    TRACE_VALUE(tid == 0, 1, smid());
     Smem sm = carve(smem_base, KB);
     if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
 
@@ -410,6 +440,7 @@ moebench_fused_moe(
             // The first item's first chunks go out before its scales are read (the ring is free).
             const int pre = n == 0 ? min(STAGES, total) : 0;
             for (int j = 0; j < pre; ++j) issue(j);
+            TRACE(lane == 0 && n == 0, 2);
             constexpr int XB = BLOCK_M >= 32 ? 6 : 8;  // scale loads in flight a lane (6 from 32: no spill at 2 CTAs an SM)
             for (int base = lane; base < KB * BLOCK_M; base += 32 * XB) {
                 float v[XB];
@@ -447,9 +478,11 @@ moebench_fused_moe(
             for (int q = 0; q < RW; ++q)
                 if (lane + 32 * q < BLOCK_M) m.rw[lane + 32 * q] = rw[q];
             __syncwarp();
+            TRACE(lane == 0 && n == 0, 3);
             mbar_arrive(sm.mfull + 8 * slot);
             for (int j = pre; j < total; ++j) issue(j);
         }
+        TRACE(lane == 0, 4);
         cluster_wait_acquire();
     } else {
         // ================================================================ consumer warps
@@ -463,6 +496,8 @@ moebench_fused_moe(
             mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
             if (m.hdr[0] < 0) break;
+            [[maybe_unused]] const bool tr = tid == 0 && n < 8;
+            TRACE(tr, 8 + 5 * n);
 
             // ---- GEMM1: h[2*COLS rows, BLOCK_M] over K. Warp w: the 16 rows of m-tile mt = w % MT1
             // (gate tiles first, then up), the k block w / MT1 of every chunk. Per chunk and
@@ -473,6 +508,7 @@ moebench_fused_moe(
             for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
+                TRACE(tr && j == 0, 9 + 5 * n);
                 const int kb = KBC * j + kb_in_chunk;
                 if (kb < KB) {
                     const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * MT1 + mt) * 2048 + lane * 16;
@@ -499,6 +535,7 @@ moebench_fused_moe(
                 if (lane == 0) mbar_arrive(sm.empty + 8 * st);  // this warp is done with stage st
             }
 
+            TRACE(tr, 10 + 5 * n);
             // ---- the KBC k-block partials per row, SwiGLU, st.async to all CLUSTER CTAs
             #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -535,6 +572,7 @@ moebench_fused_moe(
                 }
             }
             mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
+            TRACE(tr, 11 + 5 * n);
 
             // ---- requant per token over the group: warp w takes tokens w, w+8, ...
             for (int t = warp; t < BLOCK_M; t += 8) {
@@ -595,11 +633,15 @@ moebench_fused_moe(
                 __syncwarp();
                 if (lane == 0) mbar_arrive(sm.empty + 8 * st);
             }
+            TRACE(tr, 12 + 5 * n);
             mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
+            TRACE_VALUE(tid == 0, 7, static_cast<u64>(n + 1));
         }
+        TRACE(tid == 0, 5);
         if (!joined) cluster_wait_acquire();
     }
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
     cluster_wait_acquire();
+    TRACE(tid == 0, 6);
 }

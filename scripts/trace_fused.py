@@ -1,0 +1,123 @@
+"""Where a cuda-fused call spends its time: per-CTA phase timestamps from inside the kernel.
+
+    python3 scripts/trace_fused.py OUT_DIR [--shape A8,A128,Q8,Q128] [--calls 5]
+
+Builds the arm's kernel with MOEBENCH_TRACE set to a device buffer (sm90_fused_moe.cu,
+"Phase timestamps"), checks it against the oracle, then runs `--calls` cold calls (the L2
+read-flushed before each, as `moebench run` does) and saves every CTA's timestamps as
+OUT_DIR/trace-SHAPE.npz (int64 [calls, CTAs, 48], ns). It prints, per shape, the phases'
+medians and spreads over CTAs. A diagnostic, not a timer: the stores add a few instructions
+to the traced build, and the spans are globaltimer (ns) readings, not CUPTI durations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from moebench.fixtures import ShapeRegistry, build_fixture  # noqa: E402
+from moebench.kernels import fused_arm  # noqa: E402
+from moebench.kernels.cuda_build import SourceOverride, source_override  # noqa: E402
+from moebench.kernels.parity import References, check_parity  # noqa: E402
+from moebench.timing.flush import L2Flush  # noqa: E402
+
+SLOTS = 48  # TRACE_SLOTS in the .cu
+ITEMS = 8   # items traced per CTA
+KERNEL = Path(fused_arm.__file__).with_name(fused_arm.SOURCE)
+
+
+def phases(tr: np.ndarray) -> dict[str, np.ndarray]:
+    """One call's trace [CTAs, SLOTS] -> named per-CTA times (µs from the earliest entry)."""
+    busy = tr[:, 7] > 0
+    t0 = tr[:, 0].min()
+    us = (tr.astype(np.float64) - t0) / 1e3
+    out = {"entry": us[:, 0], "first chunks issued": us[:, 2], "first meta ready": us[:, 3],
+           "producer done": us[:, 4], "consumers done": us[:, 5], "exit": us[:, 6]}
+    items = tr[:, 7]
+    for n in range(ITEMS):
+        has = items > n
+        if not has.any():
+            break
+        b = 8 + 5 * n
+        for k, name in enumerate(("meta", "first chunk", "gemm1 done", "exchange done", "gemm2 done")):
+            v = np.where(has, us[:, b + k], np.nan)
+            out[f"item{n} {name}"] = v
+    out["busy"] = busy
+    return out
+
+
+def summary(tr: np.ndarray) -> list[str]:
+    p = phases(tr)
+    busy = p["busy"]
+    lines = [f"  CTAs {len(busy)}, busy {int(busy.sum())}, span {p['exit'].max():.2f} µs, "
+             f"SMs {len(np.unique(tr[:, 1]))}"]
+
+    def row(name, v):
+        v = v[~np.isnan(v)]
+        if v.size:
+            q = np.percentile(v, [0, 10, 50, 90, 100])
+            lines.append(f"  {name:<22} " + " ".join(f"{x:8.2f}" for x in q))
+
+    lines.append(f"  {'phase (µs)':<22} " + " ".join(f"{h:>8}" for h in ("min", "p10", "p50", "p90", "max")))
+    for name in ("entry", "first chunks issued", "first meta ready"):
+        row(name, np.where(busy, p[name], np.nan))
+    for n in range(ITEMS):
+        if f"item{n} meta" not in p:
+            break
+        for k in ("meta", "first chunk", "gemm1 done", "exchange done", "gemm2 done"):
+            row(f"item{n} {k}", p[f"item{n} {k}"])
+        row(f"item{n} gemm1 time", p[f"item{n} gemm1 done"] - p[f"item{n} first chunk"])
+        row(f"item{n} exchange wait", p[f"item{n} exchange done"] - p[f"item{n} gemm1 done"])
+        row(f"item{n} gemm2 time", p[f"item{n} gemm2 done"] - p[f"item{n} exchange done"])
+    for name in ("producer done", "consumers done", "exit"):
+        row(name, np.where(busy, p[name], np.nan))
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--shape", default="A8,A128,Q8,Q128")
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    buf = torch.zeros(4096 * SLOTS, dtype=torch.int64, device=dev)
+    flush = L2Flush("read", torch.cuda.get_device_properties(dev).L2_cache_size, dev)
+    override = SourceOverride(fused_arm.SOURCE, KERNEL, (("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"),))
+    rc = 0
+    with source_override(override) as used:
+        for shape in args.shape.split(","):
+            fx = build_fixture(ShapeRegistry().resolve(shape)).to(dev)
+            call = fused_arm.CudaFusedArm().prepare(fx)
+            assert used, "the traced build did not go through the override"
+            parity = check_parity(call, References(fx), shape)
+            ctas = call.identity["grid"][0]
+            traces = []
+            for _ in range(args.calls):
+                buf.zero_()
+                call.reset()
+                flush()
+                call.run()
+                torch.cuda.synchronize()
+                traces.append(buf[: ctas * SLOTS].view(ctas, SLOTS).cpu().numpy())
+            tr = np.stack(traces)
+            np.savez_compressed(args.out / f"trace-{shape}.npz", trace=tr,
+                                identity=np.array(repr({k: v for k, v in call.identity.items() if k != "build"})))
+            idn = call.identity
+            print(f"{shape}: rel L2 {parity.rel_l2:.2e} {'ok' if parity.passed else 'FAIL'}; clusters {idn['clusters']} "
+                  f"x {idn['cluster']}, {idn['ctas_per_sm']}/SM, {idn['stages']} stages, items {idn['items']}, "
+                  f"spans over calls " + " ".join(f"{(t[:, 6].max() - t[:, 0].min()) / 1e3:.2f}" for t in tr))
+            print("\n".join(summary(tr[len(tr) // 2])))
+            rc |= not parity.passed
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
