@@ -41,8 +41,20 @@ def main() -> int:
     ap.add_argument("--K", type=int, default=2048, help="hidden size (a multiple of 128)")
     ap.add_argument("--max-clusters", type=int, default=None,
                     help="cap the persistent grid (fewer clusters walk more items each)")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                    help="compile the kernel with this define added (e.g. STATIC_WORK=1)")
     args = ap.parse_args()
+    if args.define:
+        from moebench.kernels import fused_arm
+        from moebench.kernels.cuda_build import SourceOverride, source_override
+        path = Path(fused_arm.__file__).with_name(fused_arm.SOURCE)
+        defines = tuple(tuple(d.split("=", 1)) for d in args.define)
+        with source_override(SourceOverride(fused_arm.SOURCE, path, defines)):
+            return run(args)
+    return run(args)
 
+
+def run(args) -> int:
     reason = CudaFusedArm().unavailable_reason(torch.device("cuda"))
     if reason:
         print(f"sanitize_fused: {reason}", file=sys.stderr)

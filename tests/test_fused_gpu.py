@@ -5,6 +5,7 @@ accumulation into a non-zero output, every block_m, a 2-deep ring, a persistent 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -164,6 +165,45 @@ def test_accumulates_into_a_nonzero_output(cluster):
     out = run_fused(fx, out=before.clone(), w=weights("A8", cluster))
     p = compare("cuda-fused", "A8-accumulate", out.float() - before.float(), ref)
     assert p.passed, p.reason()
+
+
+@CLUSTERS
+@pytest.mark.parametrize("clusters", [None, 3])
+def test_every_launch_does_all_the_work(clusters, cluster):
+    # work after each cluster's first item comes from a ticket counter that the last cluster
+    # out of work zeroes: each launch of one launch object must do every item again
+    fx = fixture("Q128")
+    plan = route_plan(fx.topk_ids, fx.spec.E, 8).to(fx.device)
+    launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights("Q128", cluster), plan,
+                                             fx.topk_weights, max_clusters=clusters)
+    for i in range(3):
+        out.zero_()
+        launch()
+        torch.cuda.synchronize()
+        assert dims["work"].tolist() == [0, 0], f"launch {i}: counter left at {dims['work'].tolist()}"
+        assert_parity(fx, out, f"Q128-launch{i}-{clusters}cl-c{cluster}")
+
+
+@CLUSTERS
+@pytest.mark.parametrize("clusters", [None, 1])
+def test_blocks_with_an_expert_outside_the_range_are_skipped(clusters, cluster):
+    # expert ids of -1 or >= E inside the padded total (an expert-parallel rank's plan): those
+    # blocks' slots contribute nothing, and the items after them are still done
+    base = fixture("Q128")
+    plan = route_plan(base.topk_ids, base.spec.E, 8)
+    skip = torch.arange(2, plan.num_blocks, 5)
+    experts = plan.expert_ids.clone()
+    experts[skip] = torch.where(skip % 2 == 0, -1, base.spec.E + 3).to(torch.int32)
+    slots = plan.sorted_token_ids.view(-1, 8)[skip].flatten()
+    slots = slots[slots < plan.num_slots].long()
+    fx = derive(base, seed=17, topk_ids=base.topk_ids)
+    kept = type(plan)(plan.block_m, plan.sorted_token_ids, experts, plan.num_tokens_post_padded, plan.num_slots)
+    out = run_fused(fx, plan=kept.to("cuda"), w=weights("Q128", cluster), max_clusters=clusters)
+    weights_kept = fx.topk_weights.clone()
+    weights_kept.view(-1)[slots.to(weights_kept.device)] = 0.0
+    ref = fixture_reference(dataclasses.replace(fx, topk_weights=weights_kept))
+    p = compare("cuda-fused", "Q128-skipped-experts", out, ref)
+    assert slots.numel() > 50 and p.passed, f"{p.reason()} (rel_l2={p.rel_l2:.3g})"
 
 
 def test_public_wrapper_allocates_a_zeroed_output():

@@ -76,7 +76,10 @@ def test_sass_has_the_instructions_we_meant(cache, tmp_path):
     for op in ("HMMA", "UBLKCP", "SYNCS.PHASECHK", "REDG.E.ADD.BF16x8", "STAS.128", "UCGABAR_ARV",
                "UCGABAR_WAIT"):
         assert op in sass, op
-    assert sass.count("MEMBAR.ALL.GPU") <= 1  # only the final cluster barrier: no per-item GPU fence
+    # the final cluster barrier and the work counter's end-of-work release, once a launch each:
+    # no per-item GPU fence
+    assert sass.count("MEMBAR.ALL.GPU") <= 2
+    assert "ATOMG.E.ADD" in sass  # the work tickets
     assert not re.search(r"\b(LDL|STL)\b", sass)  # nothing in local memory
 
 
@@ -403,7 +406,7 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
     ks = sorted({f.K for f in _FAMILIES.values()} | {2048})
     for bm in (8, 16, 32, 64):
         for K in ks:
-            for per_sm in (fused_arm.ctas_per_sm(bm), fused_arm.ctas_per_sm(bm) + 1):  # pick_occupancy's two
+            for per_sm in fused_arm.occupancies(bm):  # what pick_occupancy weighs
                 for cluster in fused_arm.CLUSTERS:
                     try:
                         stages = choose_stages(bm, K, per_sm, cluster)

@@ -148,13 +148,21 @@ def shared_bytes(block_m: int, stages: int, K: int, cluster: int) -> int:
     n += block_m * AQ_ROW
     n = (n + 15) & ~15
     n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
-    return n + 2 * stages * 8 + 4 * 8 + 2 * 8
+    return n + 2 * stages * 8 + 4 * 8 + 2 * 8 + 4 * 8 + 2 * 4  # ring, meta, exchange, ticket barriers; tickets
 
 
 def ctas_per_sm(block_m: int) -> int:
     """CTAs an SM holds (the kernel's MIN_CTAS_PER_SM default): two small ones hide each
     other's SwiGLU exchange; from BLOCK_M 32 the per-item buffers leave room for one."""
     return 2 if block_m <= 16 else 1
+
+
+def occupancies(block_m: int) -> tuple[int, ...]:
+    """CTAs an SM the arm may launch at: the default and, up to BLOCK_M 16, one more (at
+    BLOCK_M 32 and 64 the register budget of one more CTA does not hold the consumers without
+    spilling under the H200's ptxas, the CI guard's nvcc 13.0)."""
+    base = ctas_per_sm(block_m)
+    return (base, base + 1) if block_m <= 16 else (base,)
 
 
 def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
@@ -189,13 +197,16 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
     from moebench.kernels.cuda_launch import raise_shared_limit
     if per_sm is None and stages is None:
         per_sm_options = [ctas_per_sm(block_m)]
-        try:
-            choose_stages(block_m, K, per_sm_options[0] + 1, cluster)
-            per_sm_options.append(per_sm_options[0] + 1)
-        except UserError:
-            pass
+        for ps in occupancies(block_m)[1:]:
+            try:
+                choose_stages(block_m, K, ps, cluster)
+                per_sm_options.append(ps)
+            except UserError:
+                pass
     else:
         per_sm_options = [ctas_per_sm(block_m) if per_sm is None else per_sm]
+        _need(1 <= per_sm_options[0] <= max(occupancies(block_m)),
+              f"per_sm={per_sm_options[0]} at block_m={block_m}: at most {max(occupancies(block_m))} CTAs an SM")
     out = []
     for ps in per_sm_options:
         st = choose_stages(block_m, K, ps, cluster) if stages is None else stages
@@ -346,6 +357,9 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
+    # The kernel's work counter: zero at every launch (the last cluster out of work resets it),
+    # so one launch of this object in flight at a time.
+    work = torch.zeros(2, dtype=torch.int32, device=x.device)
     bm, K, cluster = dims["block_m"], dims["K"], weights.cluster
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
@@ -358,19 +372,19 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     grid = (cluster * clusters, 1, 1)
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
-                                   topk_weights, out)]
+                                   topk_weights, out, work)]
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
     args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
     run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
-    keep = (x, x_scale, weights, plan, topk_weights, out)  # the pointers stay valid while launch lives
+    keep = (x, x_scale, weights, plan, topk_weights, out, work)  # the pointers stay valid while launch lives
 
     def launch() -> None:
         _ = keep
         run()
 
     return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid, per_sm=per_sm,
-                                      max_blocks=max_blocks, cluster=cluster)
+                                      max_blocks=max_blocks, cluster=cluster, work=work)
 
 
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,

@@ -14,15 +14,18 @@
 //   GEMM2  streams rows [c*K/CLUSTER, (c+1)*K/CLUSTER) of w2[e] restricted to group g:
 //          128*K/CLUSTER bytes, and adds route_weight * y into the BF16 output with
 //          v4.bf16x2 reductions (8 columns).
-// Persistent grid: as many clusters as fit on the GPU at once (the host asks the driver), and
-// cluster q takes items q, q + clusters, ... (all its CTAs see the same sequence). Every item
-// streams the same 384*K/CLUSTER bytes per CTA, so a static stride balances as well as a queue.
+// Persistent grid: as many clusters as fit on the GPU at once (the host asks the driver).
+// Cluster q does item q first, then takes tickets from a global counter (its rank 0 takes
+// each and sends it to the cluster's CTAs): every item streams the same 384*K/CLUSTER bytes a
+// CTA, but clusters drift apart over a launch (SMs holding 2 or 3 busy CTAs, their place in
+// the memory system), and a queue gives the last items to the clusters that are free first.
 //
 // Warp roles: warps 0-7 compute (no __syncthreads in the loop: named barrier 1 among them);
 // warp 8 is the producer. It reads each item's route-plan entries and scales into one of two
 // shared "meta" slots (full/empty mbarriers) and streams the item's weight chunks (and, for
 // GEMM1, the block's activation rows) into the ring with cp.async.bulk, running ahead across
-// item boundaries, so HBM stays busy through every SwiGLU exchange and item change.
+// item boundaries, so HBM stays busy through every SwiGLU exchange and item change: the next
+// item's meta is built while the current item's chunks stream.
 // The DSMEM exchange needs no cluster barrier per item: writers st.async into the
 // readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
 // requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
@@ -93,6 +96,12 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 // ------------------------------------------------------------------------------ PTX helpers
+
+// An int the compiler cannot see through: what is derived from it is computed where it is used.
+__device__ __forceinline__ int launder(int v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
@@ -179,6 +188,18 @@ __device__ __forceinline__ void mbar_arrive_remote(u32 rbar) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(rbar) : "memory");
 }
 
+__device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+// 4 bytes into another CTA's shared memory, completing (bytes) on its mbarrier `rbar`.
+__device__ __forceinline__ void st_async_b32(u32 raddr, int v, u32 rbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 :: "r"(raddr), "r"(v), "r"(rbar) : "memory");
+}
+
 __device__ __forceinline__ void named_sync_consumers() {
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
 }
@@ -219,6 +240,10 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
                  :: "l"(out), "r"(p0), "r"(p1), "r"(p2), "r"(p3) : "memory");
 }
 
+// The divisions here and in the requant are __fdividef (x * approximate reciprocal, 2 ulp at
+// most): IEEE division inlines a call to a slow path, and the registers live across that call
+// spilled at BLOCK_M 64. 2 ulp of FP32 moves an E4M3 code (3 mantissa bits) only at a rounding
+// tie, far inside the parity tolerance.
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 // Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
@@ -260,7 +285,8 @@ __device__ __forceinline__ u64 smid() {
 //   meta   2 x META bytes          per item: expert, group, block; token, route weight,
 //                                  requant scale x route weight [BLOCK_M]; activation scales
 //                                  [KB][BLOCK_M]; gate/up scales [2][KB]; down scales [KB]
-//   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty
+//   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty; tfull, tempty [2]
+//   tick   2 x int                 work tickets from the cluster's rank 0
 
 __host__ __device__ constexpr u32 meta_bytes(int KB) {
     return (16 + 3 * BLOCK_M * 4 + KB * BLOCK_M * 4 + 3 * KB * 4 + 15) & ~15u;
@@ -284,7 +310,7 @@ __device__ __forceinline__ Meta meta_at(u8* p, int KB) {
 
 struct Smem {
     u8* ring; u8* xring; float* afull; float* red; u8* aq; float* stg; u8* meta;
-    u32 full; u32 empty; u32 mfull; u32 mempty; u32 abar; u32 aempty; u32 bytes;
+    u32 full; u32 empty; u32 mfull; u32 mempty; u32 abar; u32 aempty; u32 tfull; u32 tempty; int* tick; u32 bytes;
 };
 
 __device__ __forceinline__ Smem carve(u8* base, int KB) {
@@ -304,6 +330,9 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
     s.mempty = smem_u32(base + off);                 off += 2 * 8;
     s.abar = smem_u32(base + off);                   off += 8;
     s.aempty = smem_u32(base + off);                 off += 8;
+    s.tfull = smem_u32(base + off);                  off += 2 * 8;
+    s.tempty = smem_u32(base + off);                 off += 2 * 8;
+    s.tick = reinterpret_cast<int*>(base + off);     off += 2 * 4;
     s.bytes = off;
     return s;
 }
@@ -323,6 +352,8 @@ moebench_fused_moe(
     const int* __restrict__ num_tokens_post_padded, const float* __restrict__ topk_weights,
     // BF16 output [M, K], accumulated into
     unsigned short* __restrict__ out,
+    // work counter: [0] tickets taken, [1] clusters out of work; zero at launch, zero after
+    int* __restrict__ work,
     // max_blocks: plan blocks any routing can fill (the host's bound on expert_ids reads);
     // G: requant groups of the intermediate (I / 128)
     int num_slots, int top_k, int K, int E, int max_blocks, int G)
@@ -331,22 +362,30 @@ moebench_fused_moe(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const u32 rank = cluster_ctarank();
     const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
+    // The K-derived sizes and the shared layout are derived again in each warp role (DIMS):
+    // values computed once here would live across both roles' loops and crowd the register
+    // budget of the consumers.
+#define DIMS                                                                                \
+    const int KB = launder(K) / GROUP;                                                      \
+    const int n1 = (KB + KBC - 1) / KBC;  /* GEMM1 chunks: KBC k blocks x 2*COLS rows */   \
+    const int mt2 = KB * (8 / CLUSTER);   /* GEMM2 m-tiles of this CTA: K/CLUSTER rows */   \
+    const int n2 = (mt2 + 7) / 8;         /* GEMM2 chunks: 8 m-tiles x 16 rows */          \
+    const int total = n1 + n2;                                                              \
+    const u32 MB = meta_bytes(KB);                                                          \
+    const Smem sm = carve(smem_base, KB);                                                   \
+    (void)n1; (void)mt2; (void)n2; (void)total; (void)MB;
+    {
     const int KB = K / GROUP;
-    const int n1 = (KB + KBC - 1) / KBC;  // GEMM1 chunks: KBC k blocks x 2*COLS rows
-    const int mt2 = KB * (8 / CLUSTER);     // GEMM2 m-tiles of this CTA: K/CLUSTER rows
-    const int n2 = (mt2 + 7) / 8;           // GEMM2 chunks: 8 m-tiles x 16 rows
-    const int total = n1 + n2;
-    const u32 MB = meta_bytes(KB);
 
     TRACE(tid == 0, 0);
     TRACE_VALUE(tid == 0, 1, smid());
-    Smem sm = carve(smem_base, KB);
+    const Smem sm = carve(smem_base, KB);
     if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
 
     if (tid == 0) {
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(sm.full + 8 * st, 1);
-            mbar_init(sm.empty + 8 * st, 8);         // one arrival per consumer warp
+            mbar_init(sm.empty + 8 * st, CONSUMERS); // every consumer thread arrives
         }
         for (int b = 0; b < 2; ++b) {
             mbar_init(sm.mfull + 8 * b, 32);         // the producer warp's lanes
@@ -354,6 +393,10 @@ moebench_fused_moe(
         }
         mbar_init(sm.abar, 1);                       // local expect_tx; bytes from CLUSTER CTAs
         mbar_init(sm.aempty, CLUSTER);               // one arrival per reading CTA
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(sm.tfull + 8 * b, 1);          // local expect_tx; 4 bytes from rank 0
+            mbar_init(sm.tempty + 8 * b, CLUSTER);   // one arrival per CTA that read the ticket
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     // The activation ring starts zeroed: padding rows are never copied (see the header).
@@ -362,136 +405,238 @@ moebench_fused_moe(
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
+    }
 
     if (warp == 8) {
         // ================================================================ producer warp
-        // The start's plan reads are cold trips to HBM, on the consumers' path to their first
-        // item: each step below issues its loads together and stores after. The padded
-        // total and the first item's expert id go out together (block cid / G < max_blocks:
-        // the host launches at most max_blocks * G clusters; the buffers hold max_blocks).
+        DIMS
+        // Item n's chunks stream into the ring while item n + 1's meta is built in steps, one
+        // step after each chunk issued (from chunk STAGES on, when the consumers have left
+        // item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
+        // weight scales, then the activation scales and route weights in batches. Each step
+        // is one trip to memory, shorter than the STAGES chunks the ring holds, so the meta is
+        // ready before the consumers need it and the next item's chunks follow the last ones
+        // without a gap. Item 0 is built first, in the same steps; the padded total and its
+        // expert id go out together (block cid / G < max_blocks: the host launches at most
+        // max_blocks * G clusters; the plan buffers hold max_blocks).
         const int ntpp = __ldg(num_tokens_post_padded);
         const int first_e = __ldg(expert_ids + cid / G);
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
-        const long items = static_cast<long>(max(nblocks, 0)) * G;
-        long w = cid;
+        const int items = max(nblocks, 0) * G;
+        constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
+        constexpr int XB = BLOCK_M >= 32 ? 4 : 8;  // scale loads in flight a lane (4 from 32: no spill)
+        const int nx = (KB * BLOCK_M + 32 * XB - 1) / (32 * XB);  // activation-scale batches
+        const int nsteps = 4 + nx;  // ticket out, ticket in, expert id, tokens + weight scales, nx batches
         u32 gc = 0;  // chunks issued
-        for (int n = 0;; ++n, w += ncl) {
-            int e = -1, g = 0, block = 0;
-            for (; w < items; w += ncl) {  // the next valid item (warp-uniform)
-                block = static_cast<int>(w / G);
-                g = static_cast<int>(w - static_cast<long>(block) * G);
-                e = w == cid ? first_e : __ldg(expert_ids + block);
-                if (e >= 0 && e < E) break;
-                e = -1;
+        u32 tk = 0;  // tickets taken
+        // The item being built: index, expert (-1: no more work), group, block, plan slots.
+        // The item being built: its index and expert (-1: no more work). Everything else of it
+        // lives in its meta slot between steps (the register budget is the consumers').
+        int w = cid, e = -1;
+
+        // Work after each cluster's first item comes from the `work` counter: rank 0 takes a
+        // ticket (the atomic goes out one step before its value is needed) and sends it to
+        // every CTA of the cluster (st.async into `tick`, completing on each one's `tfull`);
+        // each reader arrives on rank 0's `tempty` before the slot is reused. Every wait is
+        // taken by the whole warp (a lane spinning alone stalls compute-sanitizer).
+        // With no more items than clusters every ticket would say "no more work": none is taken.
+        // STATIC_WORK (diagnosis) walks items q, q + clusters, ... instead.
+#ifdef STATIC_WORK
+        const bool queue = false;
+#else
+        const bool queue = items > ncl;
+#endif
+        int ticket = 0;  // rank 0: the counter's value, in flight
+        auto request_ticket = [&]() {
+            if (queue && rank == 0 && lane == 0) ticket = atomicAdd(work, 1);
+        };
+        auto receive_ticket = [&]() {
+            if (!queue) { w += ncl; return; }
+            if (tk == 0) cluster_wait_acquire();  // every CTA's barriers exist: tickets may be sent
+            const u32 b = tk & 1, par = (tk >> 1) & 1;
+            if (rank == 0) mbar_wait(sm.tempty + 8 * b, par ^ 1);  // every CTA read ticket tk - 2
+            if (lane == 0) {
+                mbar_arrive_expect_tx(sm.tfull + 8 * b, 4);
+                if (rank == 0)
+                    for (u32 r = 0; r < CLUSTER; ++r)
+                        st_async_b32(mapa(smem_u32(sm.tick + b), r), ncl + ticket, mapa(sm.tfull + 8 * b, r));
             }
+            mbar_wait_cluster(sm.tfull + 8 * b, par);
+            w = *reinterpret_cast<volatile int*>(sm.tick + b);
+            __syncwarp();
+            if (lane == 0) mbar_arrive_remote(mapa(sm.tempty + 8 * b, 0));
+            ++tk;
+        };
+        // w -> the next valid item from w on (e < 0: none left).
+        auto find_item = [&]() {
+            for (;;) {
+                if (w >= items) { e = -1; return; }
+                e = __ldg(expert_ids + w / G);
+                if (e >= 0 && e < E) return;
+                request_ticket();
+                receive_ticket();
+            }
+        };
+        // The header, the plan slots and tokens, the weight scales (or the end marker).
+        auto begin_meta = [&](int n) {
             const int slot = n & 1;
             mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
+            const int block = w / G, g = w - block * G;
             if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; m.hdr[2] = block; }
             if (e < 0) {
                 __syncwarp();
                 mbar_arrive(sm.mfull + 8 * slot);
-                break;
+                return;
             }
-            constexpr int RW = (BLOCK_M + 31) / 32;  // BLOCK_M may exceed the warp
-            float rw[RW];  // stored once the scale loads are out
+            int sid[RW];
             #pragma unroll
             for (int q = 0; q < RW; ++q) {
                 const int r = lane + 32 * q;
-                rw[q] = 0.0f;
+                sid[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
+            }
+            {  // weight scales: gate, up and down rows of the group, one k block a lane at a time
+                const float* s1 = w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;
+                const float* s2 = w2_scale + static_cast<size_t>(e) * KB * G + g;
+                for (int i = lane; i < KB; i += 32) {
+                    const float gate = __ldg(s1 + i), up = __ldg(s1 + G * KB + i), down = __ldg(s2 + i * G);
+                    m.w1s[i] = gate; m.w1s[KB + i] = up; m.w2s[i] = down;
+                }
+            }
+            int valid = 0;
+            #pragma unroll
+            for (int q = 0; q < RW; ++q) {
+                const int r = lane + 32 * q;
+                const bool ok = r < BLOCK_M && sid[q] >= 0 && sid[q] < num_slots;
                 if (r < BLOCK_M) {
-                    const int s = __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r);
-                    const bool valid = s >= 0 && s < num_slots;
-                    m.tok[r] = valid ? s / top_k : -1;
-                    if (valid) rw[q] = __ldg(topk_weights + s);
+                    m.tok[r] = ok ? sid[q] / top_k : -1;
+                    reinterpret_cast<int*>(m.rw)[r] = ok ? sid[q] : -1;  // the slot, until its route weight
                 }
+                valid += __popc(__ballot_sync(0xffffffffu, ok));
             }
+            if (lane == 0) m.hdr[3] = valid;  // tokens with activation rows to copy
             __syncwarp();
-            const size_t cta = (static_cast<size_t>(e) * G + g) * CLUSTER + rank;
-            const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
-            const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
-            auto issue = [&](int j) {
-                const u32 st = gc % STAGES;
-                mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
-                if (j < n1) {
-                    const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
-                    const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
-                    int valid = 0;
-                    for (int r = 0; r < BLOCK_M; ++r) valid += m.tok[r] >= 0;
-                    if (lane == 0) {
-                        mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
-                        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
-                                  wbytes, sm.full + 8 * st);
-                    }
-                    for (int r = lane; r < BLOCK_M; r += 32) {
-                        const int t = m.tok[r];
-                        if (t >= 0)
-                            bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
-                                      x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
-                    }
-                } else if (lane == 0) {
-                    const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
-                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
-                }
-                ++gc;
-            };
-            // The first item's first chunks go out before its scales are read (the ring is free).
-            const int pre = n == 0 ? min(STAGES, total) : 0;
-            for (int j = 0; j < pre; ++j) issue(j);
-            TRACE(lane == 0 && n == 0, 2);
-            constexpr int XB = BLOCK_M >= 32 ? 6 : 8;  // scale loads in flight a lane (6 from 32: no spill at 2 CTAs an SM)
-            for (int base = lane; base < KB * BLOCK_M; base += 32 * XB) {
-                float v[XB];
+        };
+        // Activation-scale batch x (the first also loads the route weights); the last arrives.
+        auto scale_batch = [&](int n, int x) {
+            const int slot = n & 1;
+            const Meta m = meta_at(sm.meta + slot * MB, KB);
+            float rw[RW];
+            if (x == 0) {
                 #pragma unroll
-                for (int u = 0; u < XB; ++u) {
-                    const int i = base + 32 * u;
-                    v[u] = 0.0f;
-                    if (i < KB * BLOCK_M) {
-                        const int t = m.tok[i % BLOCK_M];
-                        if (t >= 0) v[u] = __ldg(x_scale + static_cast<size_t>(t) * KB + i / BLOCK_M);
-                    }
+                for (int q = 0; q < RW; ++q) {
+                    const int r = lane + 32 * q;
+                    const int sl = r < BLOCK_M ? reinterpret_cast<const int*>(m.rw)[r] : -1;
+                    rw[q] = sl >= 0 ? __ldg(topk_weights + sl) : 0.0f;
                 }
-                #pragma unroll
-                for (int u = 0; u < XB; ++u)
-                    if (base + 32 * u < KB * BLOCK_M) m.xs[base + 32 * u] = v[u];
             }
-            for (int base = lane; base < KB; base += 64) {  // weight scales, two per lane at once
-                float v[2][3];
-                #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int i = base + 32 * u;
-                    if (i < KB) {
-                        v[u][0] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB + i);
-                        v[u][1] = __ldg(w1_scale + (static_cast<size_t>(e) * 2 * G + G + g) * KB + i);
-                        v[u][2] = __ldg(w2_scale + (static_cast<size_t>(e) * KB + i) * G + g);
-                    }
-                }
-                #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int i = base + 32 * u;
-                    if (i < KB) { m.w1s[i] = v[u][0]; m.w1s[KB + i] = v[u][1]; m.w2s[i] = v[u][2]; }
+            const int base = lane + 32 * XB * x;
+            float v[XB];
+            #pragma unroll
+            for (int u = 0; u < XB; ++u) {
+                const int i = base + 32 * u;
+                v[u] = 0.0f;
+                if (i < KB * BLOCK_M) {
+                    const int t = m.tok[i % BLOCK_M];
+                    if (t >= 0) v[u] = __ldg(x_scale + static_cast<size_t>(t) * KB + i / BLOCK_M);
                 }
             }
             #pragma unroll
-            for (int q = 0; q < RW; ++q)
-                if (lane + 32 * q < BLOCK_M) m.rw[lane + 32 * q] = rw[q];
-            __syncwarp();
-            TRACE(lane == 0 && n == 0, 3);
-            mbar_arrive(sm.mfull + 8 * slot);
-            for (int j = pre; j < total; ++j) issue(j);
+            for (int u = 0; u < XB; ++u)
+                if (base + 32 * u < KB * BLOCK_M) m.xs[base + 32 * u] = v[u];
+            if (x == 0) {
+                #pragma unroll
+                for (int q = 0; q < RW; ++q)
+                    if (lane + 32 * q < BLOCK_M) m.rw[lane + 32 * q] = rw[q];
+            }
+            if (x == nx - 1) {
+                __syncwarp();
+                mbar_arrive(sm.mfull + 8 * slot);
+            }
+        };
+        // Step s of building item n > 0 (item 0 is the cluster's own: no ticket).
+        auto build_step = [&](int n, int s) {
+            if (s == 0) request_ticket();
+            else if (s == 1) receive_ticket();
+            else if (s == 2) find_item();
+            else if (s == 3) begin_meta(n);
+            else if (e >= 0) scale_batch(n, s - 4);
+        };
+
+        // Chunk j of item n (expert, group and valid tokens from its meta header, not held in
+        // registers): weights, and for GEMM1 the block's activation rows.
+        auto issue = [&](int n, int j) {
+            const u32 st = gc % STAGES;
+            mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
+            const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
+            const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
+            if (j < n1) {
+                const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
+                const int valid = m.hdr[3];
+                const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
+                const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
+                if (lane == 0) {
+                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+                }
+                for (int r = lane; r < BLOCK_M; r += 32) {
+                    const int t = m.tok[r];
+                    if (t >= 0)
+                        bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
+                                  x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
+                }
+            } else if (lane == 0) {
+                const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
+                const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
+                mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+                bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+                          wbytes, sm.full + 8 * st);
+            }
+            ++gc;
+        };
+
+        // Item 0: its tokens, then its first chunks (the ring is free), then its scales. Its
+        // expert id came with the padded total; a bad one falls through to the queue.
+        if (w < items) {
+            e = first_e;
+            if (e < 0 || e >= E) { request_ticket(); receive_ticket(); find_item(); }
         }
+        begin_meta(0);
+        int pre = 0;
+        if (e >= 0) {
+            pre = min(STAGES, total);
+            for (int j = 0; j < pre; ++j) issue(0, j);
+            TRACE(lane == 0, 2);
+            for (int x = 0; x < nx; ++x) scale_batch(0, x);
+            TRACE(lane == 0, 3);
+        }
+        for (int n = 0; e >= 0; ++n) {
+            // item n's meta is in slot n & 1 (e, g, block describe it until its successor's build)
+            int s = 0;
+            for (int j = n == 0 ? pre : 0; j < total; ++j) {
+                issue(n, j);
+                if (j >= STAGES && s < nsteps) build_step(n + 1, s++);
+            }
+            for (; s < nsteps; ++s) build_step(n + 1, s);
+        }
+        // This cluster takes no more tickets; the last one out zeroes the counter for the next
+        // launch (its tickets' atomics returned before: their values decided the end).
+        if (queue && rank == 0 && lane == 0 && atom_add_acq_rel(work + 1, 1) == ncl - 1) {
+            atomicExch(work, 0);
+            atomicExch(work + 1, 0);
+        }
+        if (tk == 0) cluster_wait_acquire();  // (joined at the first ticket otherwise)
         TRACE(lane == 0, 4);
-        cluster_wait_acquire();
     } else {
         // ================================================================ consumer warps
+        DIMS
         const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
         const int mt = warp & (MT1 - 1), kb_in_chunk = warp >> LOG2_MT1;
         const int row0 = rank * (K / CLUSTER);
         u32 gc = 0;  // chunks consumed
-        bool joined = false;
-        for (int n = 0;; ++n) {
+        int n = 0;  // items done; the first one joined the start's cluster barrier
+        for (;; ++n) {
             const int slot = n & 1;
             mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
@@ -531,8 +676,12 @@ moebench_fused_moe(
                         acc[t][3] += p[3] * s1;
                     }
                 }
+                // Every thread that read stage st arrives (release), so each read is ordered
+                // before the producer's refill by its own arrival: compute-sanitizer's racecheck
+                // sees that, where it does not see one lane's arrival after __syncwarp cover the
+                // other lanes' reads. Measured at no cost against one arrival a warp.
                 __syncwarp();
-                if (lane == 0) mbar_arrive(sm.empty + 8 * st);  // this warp is done with stage st
+                mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
             }
 
             TRACE(tr, 10 + 5 * n);
@@ -544,7 +693,7 @@ moebench_fused_moe(
                 *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[t][2], acc[t][3]);
             }
             named_sync_consumers();
-            if (!joined) { cluster_wait_acquire(); joined = true; }  // every CTA's barriers exist
+            if (n == 0) cluster_wait_acquire();  // every CTA's barriers exist
             if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
             if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
             {
@@ -631,14 +780,14 @@ moebench_fused_moe(
                     }
                 }
                 __syncwarp();
-                if (lane == 0) mbar_arrive(sm.empty + 8 * st);
+                mbar_arrive(sm.empty + 8 * st);
             }
             TRACE(tr, 12 + 5 * n);
             mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
             TRACE_VALUE(tid == 0, 7, static_cast<u64>(n + 1));
         }
         TRACE(tid == 0, 5);
-        if (!joined) cluster_wait_acquire();
+        if (n == 0) cluster_wait_acquire();
     }
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
