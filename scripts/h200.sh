@@ -71,11 +71,12 @@ for s in "$@"; do case $s in
   fused-clusters-s) stage fused-clusters-s python3 scripts/arm_variants.py "$R/clusters-s" --arm cuda-fused \
          --variant c8:cluster=8 --variant c4:cluster=4 --variant c4p3s2:cluster=4,per_sm=3,stages=2 \
          --variant c4p2s4:cluster=4,per_sm=2,stages=4 ;;
-  racecheck-c4) stage racecheck-c4 bash -c "for a in '--stages 6' '' '--max-clusters 1' '--max-clusters 1 --define STATIC_WORK=1'; do echo \"== racecheck --K 1024 \$a\";
+  racecheck-c4) stage racecheck-c4 bash -c "for a in '--stages 6' '' '--max-clusters 1'; do echo \"== racecheck --K 1024 \$a\";
          timeout \${CONFIG_TIMEOUT:-90} compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py --K 1024 \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'; done" ;;
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
   trace) stage trace python3 scripts/trace_fused.py "$R/trace" ;;
+  racecheck-default) stage racecheck-default bash -c "compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'" ;;
   memcheck) stage memcheck compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
