@@ -8,11 +8,12 @@ The shape is small but walks every path of the kernel: K=2048 by default (at clu
 (N=512), block_m 16 (two n-tiles), blocks with padding slots, and garbage past the padded
 total in both plan buffers. Exit status 0 only when the output matches the oracle.
 
-At the defaults (12 items, one per busy cluster) racecheck's only reports are ring-stage
-reuses ordered by the `empty` mbarriers, which it does not model (docs/kernels.md,
-cuda-fused, "Racecheck on v2"). `--K 1024 --stages 6` holds each CTA's 6 chunks (clusters
-of 4) without reuse: predicted 0 hazards; `--max-clusters 1` walks all 12 items on one
-cluster, which adds the item-to-item reuses (meta slots, afull, GEMM2's ring reads).
+Racecheck runs at `--K 1024` (at the default K it does not finish in minutes): with
+`--stages 6` each CTA's 6 chunks (clusters of 4) sit in the ring without reuse; with the
+default 2 stages every stage is refilled; `--max-clusters 1` walks all 12 items on one
+cluster, which adds the item-to-item reuses (meta slots, afull, GEMM2's ring reads, the work
+queue). All three report 0 hazards on the H200 (docs/kernels.md, cuda-fused, "Inside the
+kernel"). `--define NAME=VALUE` compiles the kernel with a define added (e.g. STATIC_WORK=1).
 """
 
 from __future__ import annotations
