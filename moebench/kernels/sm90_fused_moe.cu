@@ -339,6 +339,25 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
 
 // ------------------------------------------------------------------------------ the kernel
 
+// K-derived sizes of one CTA's work.
+struct Dims {
+    int KB;     // k blocks of 128
+    int n1;     // GEMM1 chunks: KBC k blocks x 2*COLS rows
+    int mt2;    // GEMM2 m-tiles of this CTA: K/CLUSTER rows
+    int total;  // chunks an item: n1 + GEMM2's (8 m-tiles x 16 rows each)
+    u32 MB;     // bytes of one meta slot
+};
+
+__device__ __forceinline__ Dims dims_of(int K) {
+    Dims d;
+    d.KB = K / GROUP;
+    d.n1 = (d.KB + KBC - 1) / KBC;
+    d.mt2 = d.KB * (8 / CLUSTER);
+    d.total = d.n1 + (d.mt2 + 7) / 8;
+    d.MB = meta_bytes(d.KB);
+    return d;
+}
+
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MIN_CTAS_PER_SM)
 moebench_fused_moe(
     // activations: FP8 codes [M, K], FP32 per-token group-128 scales [M, K/128]
@@ -362,24 +381,13 @@ moebench_fused_moe(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const u32 rank = cluster_ctarank();
     const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
-    // The K-derived sizes and the shared layout are derived again in each warp role (DIMS):
-    // values computed once here would live across both roles' loops and crowd the register
-    // budget of the consumers.
-#define DIMS                                                                                \
-    const int KB = launder(K) / GROUP;                                                      \
-    const int n1 = (KB + KBC - 1) / KBC;  /* GEMM1 chunks: KBC k blocks x 2*COLS rows */   \
-    const int mt2 = KB * (8 / CLUSTER);   /* GEMM2 m-tiles of this CTA: K/CLUSTER rows */   \
-    const int n2 = (mt2 + 7) / 8;         /* GEMM2 chunks: 8 m-tiles x 16 rows */          \
-    const int total = n1 + n2;                                                              \
-    const u32 MB = meta_bytes(KB);                                                          \
-    const Smem sm = carve(smem_base, KB);                                                   \
-    (void)n1; (void)mt2; (void)n2; (void)total; (void)MB;
+    // Set-up. The K-derived sizes and the shared layout are derived again in each warp role,
+    // from a K the compiler cannot see through: values computed once here would live across
+    // both roles' loops and crowd the consumers' register budget (they spilled).
     {
-    const int KB = K / GROUP;
-
+    const Smem sm = carve(smem_base, K / GROUP);
     TRACE(tid == 0, 0);
     TRACE_VALUE(tid == 0, 1, smid());
-    const Smem sm = carve(smem_base, KB);
     if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
 
     if (tid == 0) {
@@ -409,7 +417,10 @@ moebench_fused_moe(
 
     if (warp == 8) {
         // ================================================================ producer warp
-        DIMS
+        const Dims d = dims_of(launder(K));
+        const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
+        const u32 MB = d.MB;
+        const Smem sm = carve(smem_base, KB);
         // Item n's chunks stream into the ring while item n + 1's meta is built in steps, one
         // step after each chunk issued (from chunk STAGES on, when the consumers have left
         // item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
@@ -429,7 +440,6 @@ moebench_fused_moe(
         const int nsteps = 4 + nx;  // ticket out, ticket in, expert id, tokens + weight scales, nx batches
         u32 gc = 0;  // chunks issued
         u32 tk = 0;  // tickets taken
-        // The item being built: index, expert (-1: no more work), group, block, plan slots.
         // The item being built: its index and expert (-1: no more work). Everything else of it
         // lives in its meta slot between steps (the register budget is the consumers').
         int w = cid, e = -1;
@@ -630,7 +640,10 @@ moebench_fused_moe(
         TRACE(lane == 0, 4);
     } else {
         // ================================================================ consumer warps
-        DIMS
+        const Dims d = dims_of(launder(K));
+        const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
+        const u32 MB = d.MB;
+        const Smem sm = carve(smem_base, KB);
         const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
         const int mt = warp & (MT1 - 1), kb_in_chunk = warp >> LOG2_MT1;
         const int row0 = rank * (K / CLUSTER);
