@@ -453,3 +453,11 @@ def test_nvcc_13_0_compiles_every_arm_build_without_spills(tmp_path, source, def
     for kernel, k in res.items():
         assert k.spill_stores == 0 and k.spill_loads == 0, f"{source}:{kernel} {defines} spills: {k}"
         assert k.stack_bytes == 0, f"{source}:{kernel} {defines} uses a stack frame: {k}"
+
+
+def test_occupancy_beyond_what_compiles_clean_is_refused():
+    # one more CTA an SM only up to BLOCK_M 16: above, the consumers spill at that budget
+    assert fused_arm.occupancies(8) == (2, 3) and fused_arm.occupancies(16) == (2, 3)
+    assert fused_arm.occupancies(32) == (1,) and fused_arm.occupancies(64) == (1,)
+    with pytest.raises(UserError, match="per_sm=2 at block_m=32: at most 1 CTA an SM"):
+        fused_arm.launch_options(32, 7168, 0, 4, per_sm=2)

@@ -205,8 +205,9 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
                 pass
     else:
         per_sm_options = [ctas_per_sm(block_m) if per_sm is None else per_sm]
-        _need(1 <= per_sm_options[0] <= max(occupancies(block_m)),
-              f"per_sm={per_sm_options[0]} at block_m={block_m}: at most {max(occupancies(block_m))} CTAs an SM")
+        most = max(occupancies(block_m))
+        _need(1 <= per_sm_options[0] <= most,
+              f"per_sm={per_sm_options[0]} at block_m={block_m}: at most {most} CTA{'s' if most > 1 else ''} an SM")
     out = []
     for ps in per_sm_options:
         st = choose_stages(block_m, K, ps, cluster) if stages is None else stages
