@@ -76,7 +76,6 @@ for s in "$@"; do case $s in
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
   trace) stage trace python3 scripts/trace_fused.py "$R/trace" ;;
-  racecheck-default) stage racecheck-default bash -c "compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'" ;;
   memcheck) stage memcheck compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
