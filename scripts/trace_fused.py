@@ -23,13 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moebench.fixtures import ShapeRegistry, build_fixture  # noqa: E402
 from moebench.kernels import fused_arm  # noqa: E402
-from moebench.kernels.cuda_build import SourceOverride, source_override  # noqa: E402
+from moebench.kernels.cuda_build import source_override  # noqa: E402
 from moebench.kernels.parity import References, check_parity  # noqa: E402
 from moebench.timing.flush import L2Flush  # noqa: E402
 
 SLOTS = 48  # TRACE_SLOTS in the .cu
 ITEMS = 8   # items traced per CTA
-KERNEL = Path(fused_arm.__file__).with_name(fused_arm.SOURCE)
 
 
 def phases(tr: np.ndarray) -> dict[str, np.ndarray]:
@@ -90,7 +89,7 @@ def main() -> int:
     dev = torch.device("cuda")
     buf = torch.zeros(4096 * SLOTS, dtype=torch.int64, device=dev)
     flush = L2Flush("read", torch.cuda.get_device_properties(dev).L2_cache_size, dev)
-    override = SourceOverride(fused_arm.SOURCE, KERNEL, (("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"),))
+    override = fused_arm.source_with_defines(("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"))
     rc = 0
     with source_override(override) as used:
         for shape in args.shape.split(","):

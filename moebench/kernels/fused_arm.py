@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -255,6 +256,14 @@ def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int) -> dict
     """The .cu's meta-parameters for one build."""
     return {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm),
             "CLUSTER": str(cluster)}
+
+
+def source_with_defines(*defines: tuple[str, str]):
+    """A SourceOverride that compiles the kernel's own source with `defines` added, for
+    diagnostic builds (MOEBENCH_TRACE, STATIC_WORK); enter it with `source_override` before
+    the first build of the process (`build_fused` caches)."""
+    from moebench.kernels.cuda_build import SourceOverride
+    return SourceOverride(SOURCE, Path(__file__).with_name(SOURCE), tuple(defines))
 
 
 @functools.lru_cache(maxsize=None)

@@ -282,7 +282,7 @@ __device__ __forceinline__ u64 smid() {
 //   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
-//   meta   2 x META bytes          per item: expert, group, block; token, route weight,
+//   meta   2 x META bytes          per item: expert, group, -, valid tokens; token, route weight,
 //                                  requant scale x route weight [BLOCK_M]; activation scales
 //                                  [KB][BLOCK_M]; gate/up scales [2][KB]; down scales [KB]
 //   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty; tfull, tempty [2]
@@ -493,7 +493,7 @@ moebench_fused_moe(
             mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
             const int block = w / G, g = w - block * G;
-            if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; m.hdr[2] = block; }
+            if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
             if (e < 0) {
                 __syncwarp();
                 mbar_arrive(sm.mfull + 8 * slot);
@@ -622,7 +622,7 @@ moebench_fused_moe(
             TRACE(lane == 0, 3);
         }
         for (int n = 0; e >= 0; ++n) {
-            // item n's meta is in slot n & 1 (e, g, block describe it until its successor's build)
+            // item n's meta is in slot n & 1; e is its expert until its successor's build
             int s = 0;
             for (int j = n == 0 ? pre : 0; j < total; ++j) {
                 issue(n, j);
