@@ -53,7 +53,8 @@
 // or whose expert id is outside [0, E), are skipped; sentinel slots (>= num_slots) are
 // padding.
 //
-// Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8), STAGES (ring
+// Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8 up to 48: at 56
+// and 64 the consumers do not fit the 168 registers of 9 warps without spilling), STAGES (ring
 // depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes STAGES to match),
 // CLUSTER (8 or 4; the host lays the weights out for it).
 
@@ -87,7 +88,7 @@
 // (Index math on these is written with shifts and masks: with signed / and % the
 // tight register budgets at 3 CTAs an SM spill.)
 
-static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 64, "BLOCK_M: a multiple of 8, at most 64");
+static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
 static_assert(CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 4 or 8");
 
@@ -127,6 +128,11 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
+// Expect `bytes` more on the current phase of `bar`, without arriving.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     asm volatile(
         "{\n"
@@ -141,6 +147,18 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// 4 bytes global -> shared by the async copy unit (no register holds the value): the
+// producer's gathers of route weights and scales, tracked by cp_async_arrive.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
+// The current phase of `bar` also waits for every cp.async this thread issued before
+// (the pending count goes up by one now and down when they land; the thread still arrives).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
 }
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -249,13 +267,24 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 // Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
 // as the address of a zeroed u64 buffer [gridDim.x][TRACE_SLOTS], chosen threads store
 // %globaltimer (ns) at fixed points of the kernel; undefined (every arm build), TRACE
-// compiles to nothing. Slots: 0 entry, 1 %smid, 2 first chunks issued, 3 first meta ready
-// (producer), 4 producer done, 5 consumers done, 6 exit, 7 items; then per item n < 8, at
-// 8 + 5n: meta ready, first chunk landed, GEMM1 done, exchange done, GEMM2 done (consumers).
-#define TRACE_SLOTS 48
+// compiles to nothing. Slots: 0 entry, 1 %smid, 2 first chunks issued, 3 first meta's reads
+// issued (producer), 4 producer done, 5 consumers done, 6 exit, 7 items; then per item n < 8, at
+// 8 + 5n: meta ready, first chunk landed, GEMM1 done, exchange done, GEMM2 done (consumers);
+// item 0's chunk j < 16: seen landed by the consumers at 48 + j, issued at 64 + j; item 0's
+// exchange (tid 0): partial sums shared 80, cluster joined 81, SwiGLU sent 82, requant done 83,
+// exchange bytes expected 84.
+// The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
+// sits before a barrier of the traced kernel (a release would wait for it).
+#define TRACE_SLOTS 96
 #ifdef MOEBENCH_TRACE
+__shared__ u64 trace_smem[TRACE_SLOTS];
 __device__ __forceinline__ void trace_store(int slot, u64 v) {
-    reinterpret_cast<volatile u64*>(MOEBENCH_TRACE)[blockIdx.x * TRACE_SLOTS + slot] = v;
+    reinterpret_cast<volatile u64*>(trace_smem)[slot] = v;
+}
+__device__ __forceinline__ void trace_flush(int tid) {
+    __syncthreads();
+    for (int i = tid; i < TRACE_SLOTS; i += blockDim.x)
+        reinterpret_cast<u64*>(MOEBENCH_TRACE)[blockIdx.x * TRACE_SLOTS + i] = trace_smem[i];
 }
 __device__ __forceinline__ u64 globaltimer() {
     u64 t;
@@ -284,12 +313,14 @@ __device__ __forceinline__ u64 smid() {
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
 //   meta   2 x META bytes          per item: expert, group, -, valid tokens; token, route weight,
 //                                  requant scale x route weight [BLOCK_M]; activation scales
-//                                  [KB][BLOCK_M]; gate/up scales [2][KB]; down scales [KB]
+//                                  [BLOCK_M][KB + 4] (rows 16-byte aligned when KB % 4 == 0, and
+//                                  conflict-free for GEMM1's reads); gate/up scales [2][KB];
+//                                  down scales [KB]
 //   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty; tfull, tempty [2]
 //   tick   2 x int                 work tickets from the cluster's rank 0
 
 __host__ __device__ constexpr u32 meta_bytes(int KB) {
-    return (16 + 3 * BLOCK_M * 4 + KB * BLOCK_M * 4 + 3 * KB * 4 + 15) & ~15u;
+    return (16 + 3 * BLOCK_M * 4 + BLOCK_M * (KB + 4) * 4 + 3 * KB * 4 + 15) & ~15u;
 }
 
 struct Meta {
@@ -303,7 +334,7 @@ __device__ __forceinline__ Meta meta_at(u8* p, int KB) {
     m.rw = reinterpret_cast<float*>(p + 16 + BLOCK_M * 4);
     m.tmul = reinterpret_cast<float*>(p + 16 + 2 * BLOCK_M * 4);
     m.xs = reinterpret_cast<float*>(p + 16 + 3 * BLOCK_M * 4);
-    m.w1s = m.xs + KB * BLOCK_M;
+    m.w1s = m.xs + BLOCK_M * (KB + 4);
     m.w2s = m.w1s + 2 * KB;
     return m;
 }
@@ -388,6 +419,9 @@ moebench_fused_moe(
     const Smem sm = carve(smem_base, K / GROUP);
     TRACE(tid == 0, 0);
     TRACE_VALUE(tid == 0, 1, smid());
+#ifdef MOEBENCH_TRACE
+    for (int i = 2 + tid; i < TRACE_SLOTS; i += THREADS) trace_smem[i] = 0;
+#endif
     if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
 
     if (tid == 0) {
@@ -438,6 +472,9 @@ moebench_fused_moe(
         constexpr int XB = BLOCK_M >= 32 ? 4 : 8;  // scale loads in flight a lane (4 from 32: no spill)
         const int nx = (KB * BLOCK_M + 32 * XB - 1) / (32 * XB);  // activation-scale batches
         const int nsteps = 4 + nx;  // ticket out, ticket in, expert id, tokens + weight scales, nx batches
+        // Item 0's meta by async copies (scale rows 16-byte aligned: K % 512 == 0, aligned bases).
+        const bool rows = (KB & 3) == 0 &&
+            ((reinterpret_cast<size_t>(x_scale) | reinterpret_cast<size_t>(w1_scale)) & 15) == 0;
         u32 gc = 0;  // chunks issued
         u32 tk = 0;  // tickets taken
         // The item being built: its index and expert (-1: no more work). Everything else of it
@@ -487,7 +524,19 @@ moebench_fused_moe(
                 receive_ticket();
             }
         };
-        // The header, the plan slots and tokens, the weight scales (or the end marker).
+        // The meta of item n: header, tokens, route weights, scales (or the end marker); only the
+        // plan's slot ids are waited for here.
+        //  - Item 0, with 16-byte aligned scale rows, by async copies that go out before its first
+        //    chunks and so do not queue behind every CTA's first STAGES chunks in HBM: the
+        //    activation-scale rows and the gate/up scale rows by the bulk copy engine (completing
+        //    on the slot's `mfull` with expect_tx), the route weights and down scales as 4-byte
+        //    cp.async gathers (cp_async_arrive: the phase waits for them too). The meta is
+        //    complete when begin_meta returns.
+        //  - Every other item (and item 0 without aligned rows) by loads into registers, one
+        //    trip a build step: weight scales here, the slot ids stashed as route weights until
+        //    scale_batch 0 loads them, the activation scales in nx batches, the last of which
+        //    arrives. (Async copies for these items measured slower at Q128: they queue in the
+        //    SM's copy engine behind the ring's chunks.)
         auto begin_meta = [&](int n) {
             const int slot = n & 1;
             mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
@@ -499,35 +548,59 @@ moebench_fused_moe(
                 mbar_arrive(sm.mfull + 8 * slot);
                 return;
             }
+            const bool async = rows && n == 0;
             int sid[RW];
             #pragma unroll
             for (int q = 0; q < RW; ++q) {
                 const int r = lane + 32 * q;
                 sid[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
             }
-            {  // weight scales: gate, up and down rows of the group, one k block a lane at a time
-                const float* s1 = w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;
-                const float* s2 = w2_scale + static_cast<size_t>(e) * KB * G + g;
+            const float* s1 = w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;  // gate row; up row at + G * KB
+            const float* s2 = w2_scale + static_cast<size_t>(e) * KB * G + g;        // down, stride G
+            if (!async) {  // weight scales, one k block a lane at a time
                 for (int i = lane; i < KB; i += 32) {
                     const float gate = __ldg(s1 + i), up = __ldg(s1 + G * KB + i), down = __ldg(s2 + i * G);
                     m.w1s[i] = gate; m.w1s[KB + i] = up; m.w2s[i] = down;
                 }
             }
+            int tok[RW];
             int valid = 0;
             #pragma unroll
             for (int q = 0; q < RW; ++q) {
                 const int r = lane + 32 * q;
                 const bool ok = r < BLOCK_M && sid[q] >= 0 && sid[q] < num_slots;
+                tok[q] = ok ? sid[q] / top_k : -1;
                 if (r < BLOCK_M) {
-                    m.tok[r] = ok ? sid[q] / top_k : -1;
-                    reinterpret_cast<int*>(m.rw)[r] = ok ? sid[q] : -1;  // the slot, until its route weight
+                    m.tok[r] = tok[q];
+                    if (!async) reinterpret_cast<int*>(m.rw)[r] = ok ? sid[q] : -1;  // the slot, until its route weight
+                    else if (ok) cp_async4(m.rw + r, topk_weights + sid[q]);
+                    else m.rw[r] = 0.0f;
                 }
                 valid += __popc(__ballot_sync(0xffffffffu, ok));
             }
             if (lane == 0) m.hdr[3] = valid;  // tokens with activation rows to copy
+            if (async) {
+                if (lane == 0) mbar_expect_tx(sm.mfull + 8 * slot, (valid + 2) * KB * 4);
+                __syncwarp();
+                #pragma unroll
+                for (int q = 0; q < RW; ++q) {
+                    const int r = lane + 32 * q;
+                    if (r >= BLOCK_M) continue;
+                    float* row = m.xs + r * (KB + 4);
+                    if (tok[q] >= 0)
+                        bulk_copy(smem_u32(row), x_scale + static_cast<size_t>(tok[q]) * KB, KB * 4, sm.mfull + 8 * slot);
+                    else
+                        for (int k = 0; k < KB; k += 4) *reinterpret_cast<float4*>(row + k) = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                if (lane < 2) bulk_copy(smem_u32(m.w1s + lane * KB), s1 + lane * G * KB, KB * 4, sm.mfull + 8 * slot);
+                for (int i = lane; i < KB; i += 32) cp_async4(m.w2s + i, s2 + i * G);
+                cp_async_arrive(sm.mfull + 8 * slot);
+            }
             __syncwarp();
+            if (async) mbar_arrive(sm.mfull + 8 * slot);
         };
-        // Activation-scale batch x (the first also loads the route weights); the last arrives.
+        // Activation-scale batch x of the register path (the first also loads the route
+        // weights); the last arrives.
         auto scale_batch = [&](int n, int x) {
             const int slot = n & 1;
             const Meta m = meta_at(sm.meta + slot * MB, KB);
@@ -544,7 +617,7 @@ moebench_fused_moe(
             float v[XB];
             #pragma unroll
             for (int u = 0; u < XB; ++u) {
-                const int i = base + 32 * u;
+                const int i = base + 32 * u;  // token i % BLOCK_M, k block i / BLOCK_M
                 v[u] = 0.0f;
                 if (i < KB * BLOCK_M) {
                     const int t = m.tok[i % BLOCK_M];
@@ -552,8 +625,10 @@ moebench_fused_moe(
                 }
             }
             #pragma unroll
-            for (int u = 0; u < XB; ++u)
-                if (base + 32 * u < KB * BLOCK_M) m.xs[base + 32 * u] = v[u];
+            for (int u = 0; u < XB; ++u) {
+                const int i = base + 32 * u;
+                if (i < KB * BLOCK_M) m.xs[(i % BLOCK_M) * (KB + 4) + i / BLOCK_M] = v[u];
+            }
             if (x == 0) {
                 #pragma unroll
                 for (int q = 0; q < RW; ++q)
@@ -603,11 +678,13 @@ moebench_fused_moe(
                 bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
                           wbytes, sm.full + 8 * st);
             }
+            TRACE(lane == 0 && n == 0 && j < 16, 64 + j);
             ++gc;
         };
 
-        // Item 0: its tokens, then its first chunks (the ring is free), then its scales. Its
-        // expert id came with the padded total; a bad one falls through to the queue.
+        // Item 0: its meta's copies go out before its first chunks (the ring is free), so they
+        // do not queue behind every CTA's first STAGES chunks in HBM. Its expert id came with
+        // the padded total; a bad one falls through to the queue.
         if (w < items) {
             e = first_e;
             if (e < 0 || e >= E) { request_ticket(); receive_ticket(); find_item(); }
@@ -615,11 +692,11 @@ moebench_fused_moe(
         begin_meta(0);
         int pre = 0;
         if (e >= 0) {
+            if (!rows) for (int x = 0; x < nx; ++x) scale_batch(0, x);
+            TRACE(lane == 0, 3);
             pre = min(STAGES, total);
             for (int j = 0; j < pre; ++j) issue(0, j);
             TRACE(lane == 0, 2);
-            for (int x = 0; x < nx; ++x) scale_batch(0, x);
-            TRACE(lane == 0, 3);
         }
         for (int n = 0; e >= 0; ++n) {
             // item n's meta is in slot n & 1; e is its expert until its successor's build
@@ -667,6 +744,7 @@ moebench_fused_moe(
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && j == 0, 9 + 5 * n);
+                TRACE(tr && n == 0 && j < 16, 48 + j);
                 const int kb = KBC * j + kb_in_chunk;
                 if (kb < KB) {
                     const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * MT1 + mt) * 2048 + lane * 16;
@@ -681,8 +759,8 @@ moebench_fused_moe(
                         const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
                         float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         mma_block(p, a, blo, bhi);
-                        const float s0 = sw * m.xs[kb * BLOCK_M + t * 8 + 2 * tq];
-                        const float s1 = sw * m.xs[kb * BLOCK_M + t * 8 + 2 * tq + 1];
+                        const float s0 = sw * m.xs[(t * 8 + 2 * tq) * (KB + 4) + kb];
+                        const float s1 = sw * m.xs[(t * 8 + 2 * tq + 1) * (KB + 4) + kb];
                         acc[t][0] += p[0] * s0;
                         acc[t][1] += p[1] * s1;
                         acc[t][2] += p[2] * s0;
@@ -706,8 +784,11 @@ moebench_fused_moe(
                 *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[t][2], acc[t][3]);
             }
             named_sync_consumers();
+            TRACE(tr && n == 0, 80);
             if (n == 0) cluster_wait_acquire();  // every CTA's barriers exist
+            TRACE(tr && n == 0, 81);
             if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
+            TRACE(tr && n == 0, 84);
             if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
             {
                 // warp w stores into CTA w % CLUSTER, part w / CLUSTER of the 8 / CLUSTER parts
@@ -733,6 +814,7 @@ moebench_fused_moe(
                     st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
                 }
             }
+            TRACE(tr && n == 0, 82);
             mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
             TRACE(tr, 11 + 5 * n);
 
@@ -748,7 +830,7 @@ moebench_fused_moe(
                 if (lane == 0) m.tmul[t] = scale * m.rw[t];
             }
             named_sync_consumers();
-            if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));  // afull may be refilled
+            TRACE(tr && n == 0, 83);
 
             // ---- GEMM2: y[K/CLUSTER rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
             // Warp w: m-tile w of every chunk (16 rows); per chunk and warp 2 KB, 4*NT mma.
@@ -756,6 +838,7 @@ moebench_fused_moe(
             for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
+                TRACE(tr && n == 0 && j < 16, 48 + j);
                 const int mtile = 8 * (j - n1) + warp;  // m-tile within this CTA's rows
                 if (mtile < mt2) {
                     const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;
@@ -771,6 +854,10 @@ moebench_fused_moe(
                         const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
                         float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         mma_block(p, a, blo, bhi);
+                        if (t == 0) {  // a[] is consumed: the stage may be refilled before the reductions
+                            __syncwarp();
+                            mbar_arrive(sm.empty + 8 * st);
+                        }
                         // C fragment: (row gq, token 2tq), (gq, 2tq+1), (gq+8, 2tq), (gq+8, 2tq+1).
                         // Stage as [token][16 rows]; lane 2u+h then adds rows 8h..8h+7 of token u.
                         const float f0 = sw * m.tmul[t * 8 + 2 * tq], f1 = sw * m.tmul[t * 8 + 2 * tq + 1];
@@ -792,10 +879,15 @@ moebench_fused_moe(
                         __syncwarp();
                     }
                 }
-                __syncwarp();
-                mbar_arrive(sm.empty + 8 * st);
+                if (mtile >= mt2) {  // no tile of this chunk for this warp
+                    __syncwarp();
+                    mbar_arrive(sm.empty + 8 * st);
+                }
             }
             TRACE(tr, 12 + 5 * n);
+            // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
+            // queue behind the memory traffic in flight, and GEMM2's first chunk waited behind it.
+            if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));
             mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
             TRACE_VALUE(tid == 0, 7, static_cast<u64>(n + 1));
         }
@@ -806,4 +898,7 @@ moebench_fused_moe(
     cluster_arrive_release();
     cluster_wait_acquire();
     TRACE(tid == 0, 6);
+#ifdef MOEBENCH_TRACE
+    trace_flush(tid);
+#endif
 }
