@@ -1,6 +1,6 @@
 """Where a cuda-fused call spends its time: per-CTA phase timestamps from inside the kernel.
 
-    python3 scripts/trace_fused.py OUT_DIR [--shape A8,A128,Q8,Q128] [--calls 5]
+    python3 scripts/trace_fused.py OUT_DIR [--shape A8,A128,Q8,Q128] [--calls 5] [--define KEY=VALUE ...] [--arm-arg KEY=INT ...]
 
 Builds the arm's kernel with MOEBENCH_TRACE set to a device buffer (sm90_fused_moe.cu,
 "Phase timestamps"), checks it against the oracle, then runs `--calls` cold calls (the L2
@@ -27,7 +27,7 @@ from moebench.kernels.cuda_build import source_override  # noqa: E402
 from moebench.kernels.parity import References, check_parity  # noqa: E402
 from moebench.timing.flush import L2Flush  # noqa: E402
 
-SLOTS = 48  # TRACE_SLOTS in the .cu
+SLOTS = 96  # TRACE_SLOTS in the .cu
 ITEMS = 8   # items traced per CTA
 
 
@@ -36,7 +36,7 @@ def phases(tr: np.ndarray) -> dict[str, np.ndarray]:
     busy = tr[:, 7] > 0
     t0 = tr[:, 0].min()
     us = (tr.astype(np.float64) - t0) / 1e3
-    out = {"entry": us[:, 0], "first chunks issued": us[:, 2], "first meta ready": us[:, 3],
+    out = {"entry": us[:, 0], "first chunks issued": us[:, 2], "first meta out": us[:, 3],
            "producer done": us[:, 4], "consumers done": us[:, 5], "exit": us[:, 6]}
     items = tr[:, 7]
     for n in range(ITEMS):
@@ -64,7 +64,7 @@ def summary(tr: np.ndarray) -> list[str]:
             lines.append(f"  {name:<22} " + " ".join(f"{x:8.2f}" for x in q))
 
     lines.append(f"  {'phase (µs)':<22} " + " ".join(f"{h:>8}" for h in ("min", "p10", "p50", "p90", "max")))
-    for name in ("entry", "first chunks issued", "first meta ready"):
+    for name in ("entry", "first meta out", "first chunks issued"):
         row(name, np.where(busy, p[name], np.nan))
     for n in range(ITEMS):
         if f"item{n} meta" not in p:
@@ -76,6 +76,19 @@ def summary(tr: np.ndarray) -> list[str]:
         row(f"item{n} gemm2 time", p[f"item{n} gemm2 done"] - p[f"item{n} exchange done"])
     for name in ("producer done", "consumers done", "exit"):
         row(name, np.where(busy, p[name], np.nan))
+    t0 = tr[:, 0].min()
+    for slot, name in ((10, "x gemm1 done"), (80, "x sums shared"), (81, "x cluster joined"), (84, "x bytes expected"), (82, "x swiglu sent"),
+                       (11, "x exchange done"), (83, "x requant done")):
+        v = tr[busy, slot]
+        if (v > 0).any():
+            row(name, (v[v > 0] - t0) / 1e3)
+    for j in range(16):  # item 0's chunks: issued (producer), seen landed (consumers)
+        iss, lan = tr[busy, 64 + j], tr[busy, 48 + j]
+        ok = (iss > 0) & (lan > 0)
+        if ok.any():
+            row(f"chunk {j} issued", (iss[ok] - t0) / 1e3)
+            row(f"chunk {j} landed", (lan[ok] - t0) / 1e3)
+            row(f"chunk {j} latency", (lan[ok] - iss[ok]) / 1e3)
     return lines
 
 
@@ -84,17 +97,23 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--shape", default="A8,A128,Q8,Q128")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--define", action="append", default=[], metavar="KEY=VALUE",
+                    help="a define added to the traced build (an experiment's switch)")
+    ap.add_argument("--arm-arg", action="append", default=[], metavar="KEY=INT",
+                    help="a CudaFusedArm argument (stages, per_sm, block_m, cluster)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     buf = torch.zeros(4096 * SLOTS, dtype=torch.int64, device=dev)
     flush = L2Flush("read", torch.cuda.get_device_properties(dev).L2_cache_size, dev)
-    override = fused_arm.source_with_defines(("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"))
+    extra = [tuple(d.split("=", 1)) if "=" in d else (d, "1") for d in args.define]
+    override = fused_arm.source_with_defines(("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"), *extra)
     rc = 0
     with source_override(override) as used:
         for shape in args.shape.split(","):
             fx = build_fixture(ShapeRegistry().resolve(shape)).to(dev)
-            call = fused_arm.CudaFusedArm().prepare(fx)
+            arm_args = {k: int(v) for k, v in (a.split("=", 1) for a in args.arm_arg)}
+            call = fused_arm.CudaFusedArm(**arm_args).prepare(fx)
             assert used, "the traced build did not go through the override"
             parity = check_parity(call, References(fx), shape)
             ctas = call.identity["grid"][0]
