@@ -76,7 +76,7 @@ for s in "$@"; do case $s in
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
   trace) stage trace python3 scripts/trace_fused.py "$R/trace" ;;
-  trace-args) stage trace-args bash -c "python3 scripts/trace_fused.py $R/trace $TRACE_ARGS" ;;  # TRACE_ARGS: e.g. --define L2_PF=3
+  trace-args) stage trace-args bash -c "python3 scripts/trace_fused.py $R/trace $TRACE_ARGS" ;;  # TRACE_ARGS: e.g. --shape Q8 --define NAME=1 --arm-arg stages=2
   run-args) stage run-args bash -c "python3 -m moebench run --out $R $RUN_ARGS" ;;  # RUN_ARGS: builds, shapes, --ref
   memcheck) stage memcheck compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
