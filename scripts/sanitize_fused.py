@@ -46,9 +46,9 @@ def main() -> int:
                     help="compile the kernel with this define added (e.g. STATIC_WORK=1)")
     args = ap.parse_args()
     if args.define:
-        from moebench.kernels.cuda_build import source_override
+        from moebench.kernels.cuda_build import parse_defines, source_override
         from moebench.kernels.fused_arm import source_with_defines
-        with source_override(source_with_defines(*(tuple(d.split("=", 1)) for d in args.define))):
+        with source_override(source_with_defines(*parse_defines(args.define).items())):
             return run(args)
     return run(args)
 

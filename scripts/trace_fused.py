@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moebench.fixtures import ShapeRegistry, build_fixture  # noqa: E402
 from moebench.kernels import fused_arm  # noqa: E402
-from moebench.kernels.cuda_build import source_override  # noqa: E402
+from moebench.kernels.cuda_build import parse_defines, source_override  # noqa: E402
 from moebench.kernels.parity import References, check_parity  # noqa: E402
 from moebench.timing.flush import L2Flush  # noqa: E402
 
@@ -106,8 +106,8 @@ def main() -> int:
     dev = torch.device("cuda")
     buf = torch.zeros(4096 * SLOTS, dtype=torch.int64, device=dev)
     flush = L2Flush("read", torch.cuda.get_device_properties(dev).L2_cache_size, dev)
-    extra = [tuple(d.split("=", 1)) if "=" in d else (d, "1") for d in args.define]
-    override = fused_arm.source_with_defines(("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"), *extra)
+    override = fused_arm.source_with_defines(("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"),
+                                             *parse_defines(args.define).items())
     rc = 0
     with source_override(override) as used:
         for shape in args.shape.split(","):

@@ -13,16 +13,6 @@ from moebench.errors import UserError
 from moebench.results.tables import make_console
 
 
-def _parse_defines(items: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise UserError(f"--define {item!r}: expected NAME=VALUE")
-        out[key] = value if sep else "1"
-    return out
-
-
 def _modules(arm_names, sources, defines):
     from moebench.kernels import cuda_build
     from moebench.kernels.arm import make_arm
@@ -53,7 +43,8 @@ def _modules(arm_names, sources, defines):
 @click.option("--json", "as_json", is_flag=True, help="Print the build records as JSON.")
 def build(arm_names, sources, defines, as_json):
     """Compile CUDA sources for sm_90a with NVRTC and report registers, shared memory, spills."""
-    records = [(label, m) for label, m in _modules(arm_names, sources, _parse_defines(defines))]
+    from moebench.kernels.cuda_build import parse_defines
+    records = [(label, m) for label, m in _modules(arm_names, sources, parse_defines(defines))]
     if as_json:
         click.echo(json.dumps([{"label": label, "cache_hit": m.cache_hit, **m.build.to_dict()}
                                for label, m in records], indent=2))

@@ -193,6 +193,18 @@ def parse_ptxas_log(log: str) -> dict[str, KernelResources]:
 
 # ---------------------------------------------------------------------------- flags
 
+def parse_defines(items) -> dict[str, str]:
+    """`NAME=VALUE` (or `NAME`, meaning 1) texts -> preprocessor defines; a bad name is a UserError."""
+    from moebench.errors import UserError
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UserError(f"--define {item!r}: expected NAME=VALUE")
+        out[key] = value if sep else "1"
+    return out
+
+
 def _program_options(name: str, arch: str, flags: tuple[str, ...], defines: dict[str, str],
                      include_dirs: list[str]):
     """Our flag strings -> cuda.core ProgramOptions (only the flags we know how to map)."""
