@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--M", type=int, default=12)
     ap.add_argument("--block-m", type=int, default=16)
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--cluster", type=int, default=4, help="CTAs per cluster (4, the default, or 8)")
+    ap.add_argument("--cluster", type=int, default=4, help="CTAs a work item (4, the default, 8, or 1: one CTA an item)")
     ap.add_argument("--K", type=int, default=2048, help="hidden size (a multiple of 128)")
     ap.add_argument("--max-clusters", type=int, default=None,
                     help="cap the persistent grid (fewer clusters walk more items each)")

@@ -40,14 +40,16 @@ def cache(tmp_path, monkeypatch):
 @pytest.mark.parametrize("cluster", fused_arm.CLUSTERS)
 @pytest.mark.parametrize("block_m", [8, 16, 32, 48])
 def test_compiles_for_sm90a_without_spills(cache, block_m, cluster):
+    if cluster == 1 and block_m > fused_arm.MAX_BLOCK_M_ALONE:
+        pytest.skip("one CTA an item runs up to MAX_BLOCK_M_ALONE (the host refuses more)")
     from moebench.kernels.cuda_build import compile_source
-    per_sm = fused_arm.ctas_per_sm(block_m)
+    per_sm = fused_arm.ctas_per_sm(block_m, cluster)
     stages = choose_stages(block_m, 7168, per_sm, cluster)
     m = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(block_m, stages, per_sm, cluster))
     r = m.resources(fused_arm.KERNEL_NAME)
     assert m.build.arch == "sm_90a"
     assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r
-    limit = 65536 // (fused_arm.THREADS * fused_arm.ctas_per_sm(block_m))
+    limit = 65536 // (fused_arm.THREADS * per_sm)
     assert r.registers <= limit
     assert r.shared_bytes == 0  # all shared memory is dynamic, sized by shared_bytes()
 
@@ -321,6 +323,19 @@ def test_plan_capacity_and_block_m_are_checked():
     for bm in (4, 12 * 8, 13, 56, 64):  # 56 and 64: past the 168 registers of 9 warps
         with pytest.raises(UserError, match=r"block_m=\d+ must be a multiple of 8 in \[8, 48\]"):
             _check(plan=route_plan(ids, 4, bm))
+    # one CTA an item holds the gate and the up sums of its 16 columns a warp: up to block_m 16
+    alone = prepare_fused_weights(*(getattr(p["weights"], k) for k in ("w1", "w1_scale", "w2", "w2_scale")), 1)
+    with pytest.raises(UserError, match=r"block_m=24 with one CTA an item \(cluster=1\): at most 16"):
+        _check(weights=alone, plan=route_plan(ids, 4, 24))
+    with pytest.raises(UserError, match="CUDA device"):  # block_m 16 passes
+        _check(weights=alone, plan=route_plan(ids, 4, 16))
+
+
+def test_one_cta_an_item_where_every_item_has_an_sm():
+    from moebench.kernels.fused_arm import DEFAULT_CLUSTER, default_cluster
+    assert default_cluster(74, 8, 132) == 1 and default_cluster(132, 16, 132) == 1
+    assert default_cluster(133, 8, 132) == DEFAULT_CLUSTER  # a second round
+    assert default_cluster(74, 24, 132) == DEFAULT_CLUSTER  # past MAX_BLOCK_M_ALONE
 
 
 def test_weights_preparation_errors():
@@ -406,8 +421,10 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
     ks = sorted({f.K for f in _FAMILIES.values()} | {2048})
     for bm in (8, 16, 32, fused_arm.MAX_BLOCK_M):
         for K in ks:
-            for per_sm in fused_arm.occupancies(bm):  # what pick_occupancy weighs
-                for cluster in fused_arm.CLUSTERS:
+            for cluster in fused_arm.CLUSTERS:
+                if cluster == 1 and bm > fused_arm.MAX_BLOCK_M_ALONE:
+                    continue
+                for per_sm in fused_arm.occupancies(bm, cluster):  # what pick_occupancy weighs
                     try:
                         stages = choose_stages(bm, K, per_sm, cluster)
                     except UserError:
@@ -416,7 +433,7 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
                     if (fused_arm.SOURCE, d) not in out:
                         out.append((fused_arm.SOURCE, d))
     for cluster in fused_arm.CLUSTERS:  # the sanitizer's
-        out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, 2, cluster)))
+        out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):
         out.append(("sm90_grouped_gemm.cu", cfg.defines()))
     known = {s for s, _ in out}

@@ -29,14 +29,16 @@ KERNEL_NAME = "moebench_fused_moe"
 LAYOUT = "fused-v1"  # bump when prepare_fused_weights changes the order it writes
 
 GROUP = 128  # FP8 block-scale granularity (weights 128x128, activations 1x128)
-CLUSTERS = (8, 4)  # CTAs per cluster: 8 x 16 or 4 x 32 intermediate columns = one requant group
+# CTAs per work item: clusters of 8 x 16 or 4 x 32 intermediate columns = one requant group,
+# or one CTA with the whole group (no SwiGLU exchange between CTAs).
+CLUSTERS = (8, 4, 1)
 # Clusters of 4 by default: against 8 on the H200, 1.156x at A8, 1.005x at A128, 1.032x at Q8
 # and 1.068x at Q128 (results/h200/experiments/cuda-fused-clusters-*.json).
 DEFAULT_CLUSTER = 4
 THREADS = 288  # 8 consumer warps + 1 producer warp
-CHUNK_BYTES = 16384
 AQ_ROW, STG_ROW = 144, 20
 MAX_BLOCK_M = 48  # BLOCK_M 56 and 64 do not fit the consumers in the 168 registers of 9 warps without spilling
+MAX_BLOCK_M_ALONE = 16  # one CTA an item holds gate and up sums: from BLOCK_M 32 they spill
 MAX_E, MAX_TOP_K = 1024, 16
 SMEM_PER_SM = 228 * 1024  # H100/H200: shared memory per SM; 1 KB of it reserved per CTA
 SMEM_PER_CTA = 227 * 1024
@@ -137,33 +139,42 @@ def meta_bytes(block_m: int, K: int) -> int:
     return (16 + 3 * block_m * 4 + block_m * (KB + 4) * 4 + 3 * KB * 4 + 15) & ~15
 
 
+def chunk_bytes(cluster: int) -> int:
+    """One ring stage of weights (the kernel's CHUNK_BYTES): 16 KB, or 32 KB (one k block of
+    the group's 256 gate and up rows) for one CTA an item."""
+    return 32768 if cluster == 1 else 16384
+
+
 def x_row(cluster: int) -> int:
     """Bytes of one activation row of a GEMM1 chunk in shared memory (the kernel's X_ROW):
-    the chunk's k blocks (4 at clusters of 8, 2 at 4) + 16, so the B loads hit every bank once."""
-    return cluster // 2 * GROUP + 16
+    the chunk's k blocks (4 at clusters of 8, 2 at 4, 1 alone) + 16, so the B loads hit every
+    bank once."""
+    return max(cluster // 2, 1) * GROUP + 16
 
 
 def shared_bytes(block_m: int, stages: int, K: int, cluster: int) -> int:
     """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
-    n = stages * CHUNK_BYTES + stages * block_m * x_row(cluster) + block_m * GROUP * 4 + 8 * 16 * block_m * 4
+    red = 0 if cluster == 1 else 8 * 16 * block_m * 4  # GEMM1's partials of the cluster's warps
+    n = stages * chunk_bytes(cluster) + stages * block_m * x_row(cluster) + block_m * GROUP * 4 + red
     n += block_m * AQ_ROW
     n = (n + 15) & ~15
     n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
     return n + 2 * stages * 8 + 4 * 8 + 2 * 8 + 4 * 8 + 2 * 4  # ring, meta, exchange, ticket barriers; tickets
 
 
-def ctas_per_sm(block_m: int) -> int:
+def ctas_per_sm(block_m: int, cluster: int = DEFAULT_CLUSTER) -> int:
     """CTAs an SM holds (the kernel's MIN_CTAS_PER_SM default): two small ones hide each
-    other's SwiGLU exchange; from BLOCK_M 32 the per-item buffers leave room for one."""
-    return 2 if block_m <= 16 else 1
+    other's SwiGLU exchange; from BLOCK_M 32 the per-item buffers leave room for one. One CTA
+    an item runs alone on its SM, with the deepest ring."""
+    return 2 if block_m <= 16 and cluster > 1 else 1
 
 
-def occupancies(block_m: int) -> tuple[int, ...]:
-    """CTAs an SM the arm may launch at: the default and, up to BLOCK_M 16, one more (from
-    BLOCK_M 32 on, the register budget of one more CTA does not hold the consumers without
-    spilling under the H200's ptxas, the CI guard's nvcc 13.0)."""
-    base = ctas_per_sm(block_m)
-    return (base, base + 1) if block_m <= 16 else (base,)
+def occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]:
+    """CTAs an SM the arm may launch at: the default and, up to BLOCK_M 16 in clusters, one
+    more (from BLOCK_M 32 on, the register budget of one more CTA does not hold the consumers
+    without spilling under the H200's ptxas, the CI guard's nvcc 13.0)."""
+    base = ctas_per_sm(block_m, cluster)
+    return (base, base + 1) if block_m <= 16 and cluster > 1 else (base,)
 
 
 def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
@@ -197,16 +208,16 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
     is set."""
     from moebench.kernels.cuda_launch import raise_shared_limit
     if per_sm is None and stages is None:
-        per_sm_options = [ctas_per_sm(block_m)]
-        for ps in occupancies(block_m)[1:]:
+        per_sm_options = [ctas_per_sm(block_m, cluster)]
+        for ps in occupancies(block_m, cluster)[1:]:
             try:
                 choose_stages(block_m, K, ps, cluster)
                 per_sm_options.append(ps)
             except UserError:
                 pass
     else:
-        per_sm_options = [ctas_per_sm(block_m) if per_sm is None else per_sm]
-        most = max(occupancies(block_m))
+        per_sm_options = [ctas_per_sm(block_m, cluster) if per_sm is None else per_sm]
+        most = max(occupancies(block_m, cluster))
         _need(1 <= per_sm_options[0] <= most,
               f"per_sm={per_sm_options[0]} at block_m={block_m}: at most {most} CTA{'s' if most > 1 else ''} an SM")
     out = []
@@ -225,7 +236,7 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
 def choose_stages(block_m: int, K: int, per_sm: int | None, cluster: int) -> int:
     """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs (None: `ctas_per_sm`)
     resident on an SM."""
-    per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
+    per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
     per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // per_sm - 1024)
     for stages in range(MAX_STAGES, 1, -1):
         if shared_bytes(block_m, stages, K, cluster) <= per_cta:
@@ -241,6 +252,12 @@ def default_block_m(num_slots: int, num_experts: int) -> int:
         if per_expert <= 0.75 * bm:
             return bm
     return MAX_BLOCK_M
+
+
+def default_cluster(items: int, block_m: int, sms: int) -> int:
+    """CTAs a work item: one, with the whole requant group (no SwiGLU exchange between CTAs),
+    where every item gets an SM of its own in one round; clusters of DEFAULT_CLUSTER otherwise."""
+    return 1 if items <= sms and block_m <= MAX_BLOCK_M_ALONE else DEFAULT_CLUSTER
 
 
 def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int) -> int:
@@ -270,7 +287,7 @@ def source_with_defines(*defines: tuple[str, str]):
 def build_fused(block_m: int, stages: int, per_sm: int | None, cluster: int):
     """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
-    per_sm = ctas_per_sm(block_m) if per_sm is None else per_sm
+    per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
     return compile_source(SOURCE, defines=kernel_defines(block_m, stages, per_sm, cluster))
 
 
@@ -320,6 +337,8 @@ def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, o
     _need(1 <= top_k <= MAX_TOP_K, f"top_k={top_k} must be in [1, {MAX_TOP_K}]")
     bm = plan.block_m
     _need(bm % 8 == 0 and 8 <= bm <= MAX_BLOCK_M, f"block_m={bm} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
+    _need(weights.cluster > 1 or bm <= MAX_BLOCK_M_ALONE,
+          f"block_m={bm} with one CTA an item (cluster=1): at most {MAX_BLOCK_M_ALONE}")
     _need(plan.num_slots == M * top_k, f"the plan has {plan.num_slots} slots, expected M*top_k = {M * top_k}")
     for name in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
         t = getattr(plan, name)
@@ -440,7 +459,9 @@ class CudaFusedArm(Arm):
         plan = route_plan(fx.topk_ids, s.E, bm)
         items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
         plan = plan.to(fx.device)
-        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, self.cluster or DEFAULT_CLUSTER)
+        sms = torch.cuda.get_device_properties(fx.device).multi_processor_count
+        cluster = self.cluster or default_cluster(items, bm, sms)
+        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items)
         res = module.resources(KERNEL_NAME)

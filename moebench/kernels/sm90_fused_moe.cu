@@ -69,19 +69,21 @@
 #endif
 
 #ifndef CLUSTER
-#define CLUSTER 8              // CTAs per cluster, CLUSTER x COLS intermediate columns = one group
+#define CLUSTER 8              // CTAs per work item, CLUSTER x COLS intermediate columns = one group
 #endif
 #define CONSUMERS 256          // warps 0-7 compute
 #define THREADS 288            // + warp 8, the producer
 #define GROUP 128              // FP8 block-scale granularity
-#define CHUNK_BYTES 16384      // one ring stage of weights
+#define CHUNK_BYTES (CLUSTER == 1 ? 32768 : 16384)  // one ring stage of weights
+#define CHUNK_TILES (CHUNK_BYTES / 2048)            // 16x128 m-tiles in a chunk: 8 or 16
 #define AQ_ROW 144             // shared row of requantized intermediate: 128 bytes + 16
 #define STG_ROW 20             // epilogue staging row (floats): 16 + 4, conflict-free
 #define NT (BLOCK_M / 8)       // mma n-tiles per block
-#define COLS (GROUP / CLUSTER) // intermediate columns per CTA: 16 or 32
-#define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2 or 4
-#define KBC (8 / MT1)          // k blocks per GEMM1 chunk (8 warps = KBC x MT1): 4 or 2
+#define COLS (GROUP / CLUSTER) // intermediate columns per CTA: 16, 32 or 128
+#define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2, 4 or 16
+#define KBC (CLUSTER == 1 ? 1 : 8 / MT1)  // k blocks per GEMM1 chunk (8 warps = KBC x MT1): 4, 2 or 1
 #define X_ROW (KBC * GROUP + 16)  // shared row of a chunk's activations: + 16 bytes (no bank conflicts)
+#define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
 #define LOG2_Q (CLUSTER == 8 ? 2 : 3)  // log2 of COLS / 4 (float4 stores per token and CTA)
@@ -90,7 +92,7 @@
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
-static_assert(CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 4 or 8");
+static_assert(CLUSTER == 1 || CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 1, 4 or 8");
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -305,10 +307,10 @@ __device__ __forceinline__ u64 smid() {
 
 // ------------------------------------------------------------------------------ shared layout
 // Offsets in bytes from the dynamic shared base; fused_arm.py mirrors this (shared_bytes()).
-//   ring   STAGES x 16 KB          weight chunks
+//   ring   STAGES x CHUNK_BYTES    weight chunks (16 KB, 32 KB alone)
 //   xring  STAGES x BLOCK_M x X_ROW  activation rows of GEMM1 chunks
 //   afull  BLOCK_M x 128 floats    the group's SwiGLU output, stored by all CLUSTER CTAs
-//   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums
+//   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums (none at CLUSTER 1)
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
 //   meta   2 x META bytes          per item: expert, group, -, valid tokens; token, route weight,
@@ -350,7 +352,7 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
     s.ring = base + off;   off += STAGES * CHUNK_BYTES;
     s.xring = base + off;  off += STAGES * BLOCK_M * X_ROW;
     s.afull = reinterpret_cast<float*>(base + off);  off += BLOCK_M * GROUP * 4;
-    s.red = reinterpret_cast<float*>(base + off);    off += 8 * 16 * BLOCK_M * 4;
+    s.red = reinterpret_cast<float*>(base + off);    off += RED_FLOATS * 4;
     s.aq = base + off;                               off += BLOCK_M * AQ_ROW;
     off = (off + 15) & ~15u;
     s.stg = reinterpret_cast<float*>(base + off);    off += 8 * 8 * STG_ROW * 4;
@@ -375,7 +377,7 @@ struct Dims {
     int KB;     // k blocks of 128
     int n1;     // GEMM1 chunks: KBC k blocks x 2*COLS rows
     int mt2;    // GEMM2 m-tiles of this CTA: K/CLUSTER rows
-    int total;  // chunks an item: n1 + GEMM2's (8 m-tiles x 16 rows each)
+    int total;  // chunks an item: n1 + GEMM2's (CHUNK_TILES m-tiles x 16 rows each)
     u32 MB;     // bytes of one meta slot
 };
 
@@ -384,7 +386,7 @@ __device__ __forceinline__ Dims dims_of(int K) {
     d.KB = K / GROUP;
     d.n1 = (d.KB + KBC - 1) / KBC;
     d.mt2 = d.KB * (8 / CLUSTER);
-    d.total = d.n1 + (d.mt2 + 7) / 8;
+    d.total = d.n1 + (d.mt2 + CHUNK_TILES - 1) / CHUNK_TILES;
     d.MB = meta_bytes(d.KB);
     return d;
 }
@@ -673,7 +675,7 @@ moebench_fused_moe(
                 }
             } else if (lane == 0) {
                 const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
-                const u32 wbytes = min(8, mt2 - 8 * (j - n1)) * 2048;
+                const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
                 mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
                 bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
                           wbytes, sm.full + 8 * st);
@@ -722,7 +724,7 @@ moebench_fused_moe(
         const u32 MB = d.MB;
         const Smem sm = carve(smem_base, KB);
         const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
-        const int mt = warp & (MT1 - 1), kb_in_chunk = warp >> LOG2_MT1;
+        [[maybe_unused]] const int mt = warp & (MT1 - 1), kb_in_chunk = warp >> LOG2_MT1;  // GEMM1 of a cluster
         const int row0 = rank * (K / CLUSTER);
         u32 gc = 0;  // chunks consumed
         int n = 0;  // items done; the first one joined the start's cluster barrier
@@ -734,6 +736,63 @@ moebench_fused_moe(
             [[maybe_unused]] const bool tr = tid == 0 && n < 8;
             TRACE(tr, 8 + 5 * n);
 
+#if CLUSTER == 1
+            // ---- GEMM1, one CTA an item: h[256 rows, BLOCK_M] over K. Warp w: gate m-tile w and up
+            // m-tile w (the same 16 columns) of every chunk (one k block, 32 KB): per chunk and
+            // warp 4 KB, 8*NT mma, and SwiGLU needs no other warp's sums.
+            float acc[2][NT][4];
+            #pragma unroll
+            for (int h = 0; h < 2; ++h)
+                #pragma unroll
+                for (int t = 0; t < NT; ++t) acc[h][t][0] = acc[h][t][1] = acc[h][t][2] = acc[h][t][3] = 0.0f;
+            for (int j = 0; j < n1; ++j, ++gc) {
+                const u32 st = gc % STAGES;
+                mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
+                TRACE(tr && j == 0, 9 + 5 * n);
+                TRACE(tr && n == 0 && j < 16, 48 + j);
+                const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // up tile at + 8 tiles
+                uint4 a[2][4];
+                #pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    #pragma unroll
+                    for (int s = 0; s < 4; ++s) a[h][s] = *reinterpret_cast<const uint4*>(wa + h * 8 * 2048 + s * 512);
+                const float sw[2] = {m.w1s[j], m.w1s[KB + j]};  // gate, up
+                #pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + tq * 32;
+                    const uint4 blo = *reinterpret_cast<const uint4*>(xb);
+                    const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
+                    const float x0 = m.xs[(t * 8 + 2 * tq) * (KB + 4) + j];
+                    const float x1 = m.xs[(t * 8 + 2 * tq + 1) * (KB + 4) + j];
+                    #pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_block(p, a[h], blo, bhi);
+                        const float s0 = sw[h] * x0, s1 = sw[h] * x1;
+                        acc[h][t][0] += p[0] * s0;
+                        acc[h][t][1] += p[1] * s1;
+                        acc[h][t][2] += p[2] * s0;
+                        acc[h][t][3] += p[3] * s1;
+                    }
+                }
+                __syncwarp();
+                mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
+            }
+
+            TRACE(tr, 10 + 5 * n);
+            // ---- SwiGLU from the warp's own gate and up sums into afull (its last readers, the
+            // requant of the item before, finished before that item's second consumer barrier).
+            // C fragment i of n-tile t: row gq + 8 (i / 2), token 8t + 2tq + i % 2.
+            #pragma unroll
+            for (int t = 0; t < NT; ++t)
+                #pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    sm.afull[(t * 8 + 2 * tq + (i & 1)) * GROUP + warp * 16 + gq + 8 * (i >> 1)] =
+                        silu(acc[0][t][i]) * acc[1][t][i];
+            if (n == 0) cluster_wait_acquire();  // (the start's cluster barrier: a cluster of one)
+            named_sync_consumers();  // the group's 128 columns are here
+            TRACE(tr, 11 + 5 * n);
+#else
             // ---- GEMM1: h[2*COLS rows, BLOCK_M] over K. Warp w: the 16 rows of m-tile mt = w % MT1
             // (gate tiles first, then up), the k block w / MT1 of every chunk. Per chunk and
             // warp: 2 KB of weights, 4*NT mma.
@@ -817,6 +876,7 @@ moebench_fused_moe(
             TRACE(tr && n == 0, 82);
             mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
             TRACE(tr, 11 + 5 * n);
+#endif
 
             // ---- requant per token over the group: warp w takes tokens w, w+8, ...
             for (int t = warp; t < BLOCK_M; t += 8) {
@@ -833,13 +893,62 @@ moebench_fused_moe(
             TRACE(tr && n == 0, 83);
 
             // ---- GEMM2: y[K/CLUSTER rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
-            // Warp w: m-tile w of every chunk (16 rows); per chunk and warp 2 KB, 4*NT mma.
+            // Warp w: m-tile w of every chunk (16 rows; and w + 8 of the 32 KB chunks of CLUSTER 1);
+            // per tile 2 KB, 4*NT mma.
             float* stg = sm.stg + warp * 8 * STG_ROW;
+            // One n-tile's C fragment p of the m-tile at rows rbase..: (row gq, token 2tq),
+            // (gq, 2tq+1), (gq+8, 2tq), (gq+8, 2tq+1). Staged as [token][16 rows]; lane 2u+h then
+            // adds rows 8h..8h+7 of token u into the output.
+            auto reduce_out = [&](const float (&p)[4], int t, float sw, int rbase) {
+                const float f0 = sw * m.tmul[t * 8 + 2 * tq], f1 = sw * m.tmul[t * 8 + 2 * tq + 1];
+                stg[(2 * tq) * STG_ROW + gq] = p[0] * f0;
+                stg[(2 * tq + 1) * STG_ROW + gq] = p[1] * f1;
+                stg[(2 * tq) * STG_ROW + gq + 8] = p[2] * f0;
+                stg[(2 * tq + 1) * STG_ROW + gq + 8] = p[3] * f1;
+                __syncwarp();
+                if (lane < 16) {
+                    const int u = lane >> 1, h = lane & 1;
+                    const int tok = m.tok[t * 8 + u];
+                    if (tok >= 0) {
+                        const float* sv = stg + u * STG_ROW + 8 * h;
+                        red_add_bf16x8(out + static_cast<size_t>(tok) * K + rbase + 8 * h,
+                                       *reinterpret_cast<const float4*>(sv),
+                                       *reinterpret_cast<const float4*>(sv + 4));
+                    }
+                }
+                __syncwarp();
+            };
             for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && n == 0 && j < 16, 48 + j);
-                const int mtile = 8 * (j - n1) + warp;  // m-tile within this CTA's rows
+                const int mtile = CHUNK_TILES * (j - n1) + warp;  // m-tile within this CTA's rows
+#if CLUSTER == 1
+                const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // tile mtile + 8 at + 8 tiles
+                uint4 a[2][4];
+                #pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    if (mtile + 8 * h < mt2)
+                        #pragma unroll
+                        for (int s = 0; s < 4; ++s) a[h][s] = *reinterpret_cast<const uint4*>(wa + h * 8 * 2048 + s * 512);
+                __syncwarp();
+                mbar_arrive(sm.empty + 8 * st);  // a[] holds the stage's tiles: it may be refilled
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (mtile + 8 * h >= mt2) continue;
+                    const int rbase = row0 + (mtile + 8 * h) * 16;  // the tile's 16 rows share one scale block
+                    const float sw = m.w2s[rbase / GROUP];
+                    #pragma unroll
+                    for (int t = 0; t < NT; ++t) {
+                        const u8* ab = sm.aq + (t * 8 + gq) * AQ_ROW + tq * 32;
+                        const uint4 blo = *reinterpret_cast<const uint4*>(ab);
+                        const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
+                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_block(p, a[h], blo, bhi);
+                        reduce_out(p, t, sw, rbase);
+                    }
+                }
+#else
                 if (mtile < mt2) {
                     const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;
                     uint4 a[4];
@@ -858,36 +967,21 @@ moebench_fused_moe(
                             __syncwarp();
                             mbar_arrive(sm.empty + 8 * st);
                         }
-                        // C fragment: (row gq, token 2tq), (gq, 2tq+1), (gq+8, 2tq), (gq+8, 2tq+1).
-                        // Stage as [token][16 rows]; lane 2u+h then adds rows 8h..8h+7 of token u.
-                        const float f0 = sw * m.tmul[t * 8 + 2 * tq], f1 = sw * m.tmul[t * 8 + 2 * tq + 1];
-                        stg[(2 * tq) * STG_ROW + gq] = p[0] * f0;
-                        stg[(2 * tq + 1) * STG_ROW + gq] = p[1] * f1;
-                        stg[(2 * tq) * STG_ROW + gq + 8] = p[2] * f0;
-                        stg[(2 * tq + 1) * STG_ROW + gq + 8] = p[3] * f1;
-                        __syncwarp();
-                        if (lane < 16) {
-                            const int u = lane >> 1, h = lane & 1;
-                            const int tok = m.tok[t * 8 + u];
-                            if (tok >= 0) {
-                                const float* sv = stg + u * STG_ROW + 8 * h;
-                                red_add_bf16x8(out + static_cast<size_t>(tok) * K + rbase + 8 * h,
-                                               *reinterpret_cast<const float4*>(sv),
-                                               *reinterpret_cast<const float4*>(sv + 4));
-                            }
-                        }
-                        __syncwarp();
+                        reduce_out(p, t, sw, rbase);
                     }
                 }
                 if (mtile >= mt2) {  // no tile of this chunk for this warp
                     __syncwarp();
                     mbar_arrive(sm.empty + 8 * st);
                 }
+#endif
             }
             TRACE(tr, 12 + 5 * n);
             // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
             // queue behind the memory traffic in flight, and GEMM2's first chunk waited behind it.
+#if CLUSTER > 1
             if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));
+#endif
             mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
             TRACE_VALUE(tid == 0, 7, static_cast<u64>(n + 1));
         }
