@@ -331,13 +331,6 @@ def test_plan_capacity_and_block_m_are_checked():
         _check(weights=alone, plan=route_plan(ids, 4, 16))
 
 
-def test_one_cta_an_item_where_every_item_has_an_sm():
-    from moebench.kernels.fused_arm import DEFAULT_CLUSTER, default_cluster
-    assert default_cluster(74, 8, 132) == 1 and default_cluster(132, 16, 132) == 1
-    assert default_cluster(133, 8, 132) == DEFAULT_CLUSTER  # a second round
-    assert default_cluster(74, 24, 132) == DEFAULT_CLUSTER  # past MAX_BLOCK_M_ALONE
-
-
 def test_weights_preparation_errors():
     w1, w2 = _codes(2, 256, 256).view(FP8), _codes(2, 256, 128).view(FP8)
     s1, s2 = torch.ones(2, 2, 2), torch.ones(2, 2, 1)

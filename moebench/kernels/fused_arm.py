@@ -254,12 +254,6 @@ def default_block_m(num_slots: int, num_experts: int) -> int:
     return MAX_BLOCK_M
 
 
-def default_cluster(items: int, block_m: int, sms: int) -> int:
-    """CTAs a work item: one, with the whole requant group (no SwiGLU exchange between CTAs),
-    where every item gets an SM of its own in one round; clusters of DEFAULT_CLUSTER otherwise."""
-    return 1 if items <= sms and block_m <= MAX_BLOCK_M_ALONE else DEFAULT_CLUSTER
-
-
 def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int) -> int:
     """Plan blocks the grid covers: the most that any routing can fill, whatever the plan
     buffers hold. Only experts with slots get blocks (moe_align_block_size), so at most
@@ -459,9 +453,7 @@ class CudaFusedArm(Arm):
         plan = route_plan(fx.topk_ids, s.E, bm)
         items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
         plan = plan.to(fx.device)
-        sms = torch.cuda.get_device_properties(fx.device).multi_processor_count
-        cluster = self.cluster or default_cluster(items, bm, sms)
-        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
+        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, self.cluster or DEFAULT_CLUSTER)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items)
         res = module.resources(KERNEL_NAME)

@@ -654,6 +654,12 @@ moebench_fused_moe(
         // registers): weights, and for GEMM1 the block's activation rows.
         auto issue = [&](int n, int j) {
             const u32 st = gc % STAGES;
+#ifdef PRODUCER_LAG
+            if (gc >= PRODUCER_LAG) {  // chunk gc - LAG has landed: the copy engine's queue is short
+                const u32 pg = gc - PRODUCER_LAG;
+                mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
+            }
+#endif
             mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
             const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
