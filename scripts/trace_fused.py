@@ -77,7 +77,8 @@ def summary(tr: np.ndarray) -> list[str]:
     for name in ("producer done", "consumers done", "exit"):
         row(name, np.where(busy, p[name], np.nan))
     t0 = tr[:, 0].min()
-    for slot, name in ((10, "x gemm1 done"), (80, "x sums shared"), (81, "x cluster joined"), (84, "x bytes expected"), (82, "x swiglu sent"),
+    for slot, name in ((10, "x gemm1 done"), (80, "x sums shared"), (81, "x cluster joined"), (84, "x bytes expected"), (85, "x sums read"),
+                       (86, "x swiglu computed"), (82, "x swiglu sent"),
                        (11, "x exchange done"), (83, "x requant done")):
         v = tr[busy, slot]
         if (v > 0).any():

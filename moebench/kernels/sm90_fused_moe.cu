@@ -264,7 +264,11 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
 // most): IEEE division inlines a call to a slow path, and the registers live across that call
 // spilled at BLOCK_M 64. 2 ulp of FP32 moves an E4M3 code (3 mantissa bits) only at a rounding
 // tie, far inside the parity tolerance.
+#ifdef SILU_FAST
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
+#else
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+#endif
 
 // Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
 // as the address of a zeroed u64 buffer [gridDim.x][TRACE_SLOTS], chosen threads store
@@ -274,7 +278,8 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 // 8 + 5n: meta ready, first chunk landed, GEMM1 done, exchange done, GEMM2 done (consumers);
 // item 0's chunk j < 16: seen landed by the consumers at 48 + j, issued at 64 + j; item 0's
 // exchange (tid 0): partial sums shared 80, cluster joined 81, SwiGLU sent 82, requant done 83,
-// exchange bytes expected 84.
+// exchange bytes expected 84, first column's sums read 85, its SwiGLU computed 86 (94 and 95
+// hold values from those steps: storing them orders the stamps after the work).
 // The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
 // sits before a barrier of the traced kernel (a release would wait for it).
 #define TRACE_SLOTS 96
@@ -660,6 +665,12 @@ moebench_fused_moe(
                 mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
             }
 #endif
+#ifdef LAG_SINGLE
+            if (!queue && gc >= STAGES) {  // the same, past the first ring's worth, in launches of one round
+                const u32 pg = gc - LAG_SINGLE;
+                mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
+            }
+#endif
             mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
             const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
@@ -873,8 +884,14 @@ moebench_fused_moe(
                             hg += sm.red[((k * MT1 + tile) * 16 + row) * BLOCK_M + t];
                             hu += sm.red[((k * MT1 + MT1 / 2 + tile) * 16 + row) * BLOCK_M + t];
                         }
+                        if (c == 0) {  // (stamp 85: the first column's sums read)
+                            TRACE_VALUE(tr && n == 0 && i == part * 32 + lane, 94, __float_as_uint(hg + hu));
+                            TRACE(tr && n == 0 && i == part * 32 + lane, 85);
+                        }
                         a[c] = silu(hg) * hu;
                     }
+                    TRACE_VALUE(tr && n == 0 && i == part * 32 + lane, 95, __float_as_uint(a[0] + a[3]));
+                    TRACE(tr && n == 0 && i == part * 32 + lane, 86);  // its SwiGLU computed
                     const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * COLS + 4 * q), dst_rank);
                     st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
                 }
