@@ -260,15 +260,14 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
                  :: "l"(out), "r"(p0), "r"(p1), "r"(p2), "r"(p3) : "memory");
 }
 
-// The divisions here and in the requant are __fdividef (x * approximate reciprocal, 2 ulp at
-// most): IEEE division inlines a call to a slow path, and the registers live across that call
-// spilled at BLOCK_M 64. 2 ulp of FP32 moves an E4M3 code (3 mantissa bits) only at a rounding
-// tie, far inside the parity tolerance.
-#ifdef SILU_FAST
+// The divisions here and in the requant are __fdividef (x times an approximate reciprocal, 2 ulp
+// at most) and the exponential is __expf: IEEE division and expf branch to a slow-path
+// subroutine at the end of the code, and its first call in an item fetches instructions
+// through a memory system the weight stream keeps full: that cost Q8 2.8 us a launch in the
+// SwiGLU alone (trace, docs/kernels.md). 2 ulp of FP32 moves an E4M3 code (3 mantissa bits)
+// only at a rounding tie, far inside the parity tolerance. For v below about -88, __expf(-v) is
+// inf and the quotient 0, as silu's limit.
 __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
-#else
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-#endif
 
 // Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
 // as the address of a zeroed u64 buffer [gridDim.x][TRACE_SLOTS], chosen threads store
@@ -666,7 +665,7 @@ moebench_fused_moe(
             }
 #endif
 #ifdef LAG_SINGLE
-            if (!queue && gc >= STAGES) {  // the same, past the first ring's worth, in launches of one round
+            if (!queue && gc >= LAG_SINGLE) {  // the same, in launches of one round only
                 const u32 pg = gc - LAG_SINGLE;
                 mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
             }
@@ -907,9 +906,10 @@ moebench_fused_moe(
                 float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
                 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                const float scale = fmaxf(amax / 448.0f, 1e-10f);
+                const float scale = fmaxf(__fdividef(amax, 448.0f), 1e-10f);
                 *reinterpret_cast<u32*>(sm.aq + t * AQ_ROW + lane * 4) =
-                    pack_e4m3x4(v.x / scale, v.y / scale, v.z / scale, v.w / scale);
+                    pack_e4m3x4(__fdividef(v.x, scale), __fdividef(v.y, scale), __fdividef(v.z, scale),
+                                __fdividef(v.w, scale));
                 if (lane == 0) m.tmul[t] = scale * m.rw[t];
             }
             named_sync_consumers();
