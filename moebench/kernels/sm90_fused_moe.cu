@@ -157,6 +157,11 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
+// 16 bytes global -> shared by the async copy unit, through L2 only (tracked as cp_async4).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
 // The current phase of `bar` also waits for every cp.async this thread issued before
 // (the pending count goes up by one now and down when they land; the thread still arrives).
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
@@ -678,6 +683,25 @@ moebench_fused_moe(
                 const int valid = m.hdr[3];
                 const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
                 const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
+#ifdef X_CPASYNC
+                // The activation rows by 16-byte cp.async (the load path, not the bulk copy engine),
+                // counted on the stage's barrier before lane 0 arrives, so the phase waits for them.
+                (void)valid;
+                for (int r = 0; r < BLOCK_M; ++r) {
+                    const int t = m.tok[r];
+                    if (t < 0) continue;
+                    const u8* src = x + static_cast<size_t>(t) * K + j * KBC * GROUP;
+                    u8* dst = sm.xring + (st * BLOCK_M + r) * X_ROW;
+                    for (u32 p = 16 * lane; p < abytes; p += 512) cp_async16(dst + p, src + p);
+                }
+                cp_async_arrive(sm.full + 8 * st);
+                __syncwarp();
+                if (lane == 0) {
+                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+                }
+#else
                 if (lane == 0) {
                     mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
                     bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
@@ -689,6 +713,7 @@ moebench_fused_moe(
                         bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
                                   x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
                 }
+#endif
             } else if (lane == 0) {
                 const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
                 const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
