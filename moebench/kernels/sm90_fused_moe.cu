@@ -83,6 +83,11 @@
 #define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2, 4 or 16
 #define KBC (CLUSTER == 1 ? 1 : 8 / MT1)  // k blocks per GEMM1 chunk (8 warps = KBC x MT1): 4, 2 or 1
 #define X_ROW (KBC * GROUP + 16)  // shared row of a chunk's activations: + 16 bytes (no bank conflicts)
+// In launches of one round (no more items than clusters) the producer issues chunk g only once
+// chunk g - LAG has landed, so few of its copies wait in the SM's bulk copy engine: faster at
+// A8 and Q8 on the H200; in launches of several rounds it cost A128 about 1.5%, so there the
+// producer streams as far ahead as the ring allows (docs/kernels.md, "One CTA an item").
+#define LAG 2
 #define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
@@ -92,6 +97,7 @@
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
+static_assert(LAG <= STAGES, "the lag waits on a chunk still in the ring");
 static_assert(CLUSTER == 1 || CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 1, 4 or 8");
 
 typedef unsigned char u8;
@@ -155,11 +161,6 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
 // producer's gathers of route weights and scales, tracked by cp_async_arrive.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-
-// 16 bytes global -> shared by the async copy unit, through L2 only (tracked as cp_async4).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
 // The current phase of `bar` also waits for every cp.async this thread issued before
@@ -663,18 +664,10 @@ moebench_fused_moe(
         // registers): weights, and for GEMM1 the block's activation rows.
         auto issue = [&](int n, int j) {
             const u32 st = gc % STAGES;
-#ifdef PRODUCER_LAG
-            if (gc >= PRODUCER_LAG) {  // chunk gc - LAG has landed: the copy engine's queue is short
-                const u32 pg = gc - PRODUCER_LAG;
+            if (!queue && gc >= LAG) {  // one round: chunk gc - LAG has landed (see LAG)
+                const u32 pg = gc - LAG;
                 mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
             }
-#endif
-#ifdef LAG_SINGLE
-            if (!queue && gc >= LAG_SINGLE) {  // the same, in launches of one round only
-                const u32 pg = gc - LAG_SINGLE;
-                mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
-            }
-#endif
             mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
             const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
@@ -683,25 +676,6 @@ moebench_fused_moe(
                 const int valid = m.hdr[3];
                 const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
                 const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
-#ifdef X_CPASYNC
-                // The activation rows by 16-byte cp.async (the load path, not the bulk copy engine),
-                // counted on the stage's barrier before lane 0 arrives, so the phase waits for them.
-                (void)valid;
-                for (int r = 0; r < BLOCK_M; ++r) {
-                    const int t = m.tok[r];
-                    if (t < 0) continue;
-                    const u8* src = x + static_cast<size_t>(t) * K + j * KBC * GROUP;
-                    u8* dst = sm.xring + (st * BLOCK_M + r) * X_ROW;
-                    for (u32 p = 16 * lane; p < abytes; p += 512) cp_async16(dst + p, src + p);
-                }
-                cp_async_arrive(sm.full + 8 * st);
-                __syncwarp();
-                if (lane == 0) {
-                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
-                }
-#else
                 if (lane == 0) {
                     mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
                     bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
@@ -713,7 +687,6 @@ moebench_fused_moe(
                         bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
                                   x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
                 }
-#endif
             } else if (lane == 0) {
                 const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
                 const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
