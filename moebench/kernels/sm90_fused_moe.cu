@@ -87,7 +87,9 @@
 // chunk g - LAG has landed, so few of its copies wait in the SM's bulk copy engine: faster at
 // A8 and Q8 on the H200; in launches of several rounds it cost A128 about 1.5%, so there the
 // producer streams as far ahead as the ring allows (docs/kernels.md, "One CTA an item").
+#ifndef LAG
 #define LAG 2
+#endif
 #define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
@@ -478,9 +480,17 @@ moebench_fused_moe(
         // max_blocks * G clusters; the plan buffers hold max_blocks).
         const int ntpp = __ldg(num_tokens_post_padded);
         const int first_e = __ldg(expert_ids + cid / G);
+        constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
+#ifdef FIRST_SID
+        int sid0[RW];  // item 0's slot ids, in the same trip (the plan buffers hold block cid / G)
+        #pragma unroll
+        for (int q = 0; q < RW; ++q) {
+            const int r = lane + 32 * q;
+            sid0[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(cid / G) * BLOCK_M + r) : -1;
+        }
+#endif
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
         const int items = max(nblocks, 0) * G;
-        constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
         constexpr int XB = BLOCK_M >= 32 ? 4 : 8;  // scale loads in flight a lane (4 from 32: no spill)
         const int nx = (KB * BLOCK_M + 32 * XB - 1) / (32 * XB);  // activation-scale batches
         const int nsteps = 4 + nx;  // ticket out, ticket in, expert id, tokens + weight scales, nx batches
@@ -565,6 +575,9 @@ moebench_fused_moe(
             #pragma unroll
             for (int q = 0; q < RW; ++q) {
                 const int r = lane + 32 * q;
+#ifdef FIRST_SID
+                if (n == 0 && w == cid) { sid[q] = sid0[q]; continue; }
+#endif
                 sid[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
             }
             const float* s1 = w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;  // gate row; up row at + G * KB
