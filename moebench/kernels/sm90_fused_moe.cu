@@ -481,14 +481,6 @@ moebench_fused_moe(
         const int ntpp = __ldg(num_tokens_post_padded);
         const int first_e = __ldg(expert_ids + cid / G);
         constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
-#ifdef FIRST_SID
-        int sid0[RW];  // item 0's slot ids, in the same trip (the plan buffers hold block cid / G)
-        #pragma unroll
-        for (int q = 0; q < RW; ++q) {
-            const int r = lane + 32 * q;
-            sid0[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(cid / G) * BLOCK_M + r) : -1;
-        }
-#endif
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
         const int items = max(nblocks, 0) * G;
         constexpr int XB = BLOCK_M >= 32 ? 4 : 8;  // scale loads in flight a lane (4 from 32: no spill)
@@ -575,9 +567,6 @@ moebench_fused_moe(
             #pragma unroll
             for (int q = 0; q < RW; ++q) {
                 const int r = lane + 32 * q;
-#ifdef FIRST_SID
-                if (n == 0 && w == cid) { sid[q] = sid0[q]; continue; }
-#endif
                 sid[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
             }
             const float* s1 = w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;  // gate row; up row at + G * KB
@@ -754,27 +743,13 @@ moebench_fused_moe(
         [[maybe_unused]] const int mt = warp & (MT1 - 1), kb_in_chunk = warp >> LOG2_MT1;  // GEMM1 of a cluster
         const int row0 = rank * (K / CLUSTER);
         u32 gc = 0;  // chunks consumed
-#ifdef WARM
-        // n = -1: a dry pass through the item's code before the first meta, while the memory system
-        // is quiet, so that the SwiGLU and requant code is fetched then and not behind the weight
-        // stream: no barrier, no chunk, no store outside this CTA's scratch (red, aq; the requant
-        // reads red, not afull, which the cluster's CTAs may fill once they pass the start).
-        int n = -1;
-#else
         int n = 0;  // items done; the first one joined the start's cluster barrier
-#endif
         for (;; ++n) {
-#ifdef WARM
-            const bool dry = n < 0;
-#else
-            constexpr bool dry = false;
-#endif
             const int slot = n & 1;
-            if (!dry) mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
+            mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
-            if (!dry && m.hdr[0] < 0) break;
-            const int n1_item = dry ? 0 : n1, total_item = dry ? n1 : total;  // (dry: no chunk)
-            [[maybe_unused]] const bool tr = tid == 0 && n >= 0 && n < 8;
+            if (m.hdr[0] < 0) break;
+            [[maybe_unused]] const bool tr = tid == 0 && n < 8;
             TRACE(tr, 8 + 5 * n);
 
 #if CLUSTER == 1
@@ -786,7 +761,7 @@ moebench_fused_moe(
             for (int h = 0; h < 2; ++h)
                 #pragma unroll
                 for (int t = 0; t < NT; ++t) acc[h][t][0] = acc[h][t][1] = acc[h][t][2] = acc[h][t][3] = 0.0f;
-            for (int j = 0; j < n1_item; ++j, ++gc) {
+            for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && j == 0, 9 + 5 * n);
@@ -840,7 +815,7 @@ moebench_fused_moe(
             float acc[NT][4];
             #pragma unroll
             for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-            for (int j = 0; j < n1_item; ++j, ++gc) {
+            for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && j == 0, 9 + 5 * n);
@@ -887,7 +862,7 @@ moebench_fused_moe(
             TRACE(tr && n == 0, 80);
             if (n == 0) cluster_wait_acquire();  // every CTA's barriers exist
             TRACE(tr && n == 0, 81);
-            if (tid == 0 && !dry) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
+            if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
             TRACE(tr && n == 0, 84);
             if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
             {
@@ -917,18 +892,17 @@ moebench_fused_moe(
                     TRACE_VALUE(tr && n == 0 && i == part * 32 + lane, 95, __float_as_uint(a[0] + a[3]));
                     TRACE(tr && n == 0 && i == part * 32 + lane, 86);  // its SwiGLU computed
                     const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * COLS + 4 * q), dst_rank);
-                    if (!dry) st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
+                    st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
                 }
             }
             TRACE(tr && n == 0, 82);
-            if (!dry) mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
+            mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
             TRACE(tr, 11 + 5 * n);
 #endif
 
             // ---- requant per token over the group: warp w takes tokens w, w+8, ...
-            const float* asrc = CLUSTER > 1 && dry ? sm.red : sm.afull;  // (red: as large, and local)
             for (int t = warp; t < BLOCK_M; t += 8) {
-                const float4 v = *reinterpret_cast<const float4*>(asrc + t * GROUP + lane * 4);
+                const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
                 float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
                 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -936,7 +910,7 @@ moebench_fused_moe(
                 *reinterpret_cast<u32*>(sm.aq + t * AQ_ROW + lane * 4) =
                     pack_e4m3x4(__fdividef(v.x, scale), __fdividef(v.y, scale), __fdividef(v.z, scale),
                                 __fdividef(v.w, scale));
-                if (lane == 0 && !dry) m.tmul[t] = scale * m.rw[t];
+                if (lane == 0) m.tmul[t] = scale * m.rw[t];
             }
             named_sync_consumers();
             TRACE(tr && n == 0, 83);
@@ -967,7 +941,7 @@ moebench_fused_moe(
                 }
                 __syncwarp();
             };
-            for (int j = n1; j < total_item; ++j, ++gc) {
+            for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && n == 0 && j < 16, 48 + j);
@@ -1028,7 +1002,6 @@ moebench_fused_moe(
             TRACE(tr, 12 + 5 * n);
             // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
             // queue behind the memory traffic in flight, and GEMM2's first chunk waited behind it.
-            if (dry) continue;
 #if CLUSTER > 1
             if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));
 #endif
