@@ -8,8 +8,10 @@ The layout change re-orders each expert's FP8 weights so that every CTA of the k
 one contiguous range, tile by tile in mma fragment order (the kernel's header comment has the
 details). Bytes per fixture are unchanged: the kernel reads every routed expert's weights once
 per plan block, 384*K bytes per work item (plan block x group of 128 columns), split over the
-CTAs of one cluster (8 CTAs of 48*K bytes, or 4 of 96*K, the default); the grid is persistent
-(as many clusters as the GPU holds at once).
+CTAs of one cluster (8 CTAs of 48*K bytes, or 4 of 96*K, the default), or streamed by one CTA
+(cluster=1, block_m up to 16: no SwiGLU exchange, but one SM's bulk copies are slower than
+four SMs'; measured slower at every M up to 8, so not the default); the grid is persistent (as
+many clusters as the GPU holds at once).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 //
 // Work split. A work item is one (route-plan block, requant group g of 128 intermediate
 // columns); it belongs to one thread-block cluster of CLUSTER CTAs (8 or 4), each owning
-// COLS = 128/CLUSTER columns (16 or 32). CTA c of the cluster
+// COLS = 128/CLUSTER columns (16 or 32), or to one CTA with all 128 (CLUSTER 1: no exchange,
+// see below). CTA c of the cluster
 //   GEMM1  streams COLS gate rows and COLS up rows of w1[e] (rows 128g+COLS*c.., I+128g+COLS*c..)
 //          over the full K: 2*COLS*K bytes; h = x . w1^T with 128x128 block scales, FP32;
 //   SwiGLU a = silu(h_gate) * h_up for its COLS columns, stored with st.async into the shared
@@ -26,6 +27,7 @@
 // GEMM1, the block's activation rows) into the ring with cp.async.bulk, running ahead across
 // item boundaries, so HBM stays busy through every SwiGLU exchange and item change: the next
 // item's meta is built while the current item's chunks stream.
+// In launches of one round the producer keeps at most LAG of its chunks waiting to land.
 // The DSMEM exchange needs no cluster barrier per item: writers st.async into the
 // readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
 // requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
@@ -44,8 +46,13 @@
 //     logical k 4t+j    of k-step s  <->  physical 32t + 8s + j
 //     logical k 16+4t+j of k-step s  <->  physical 32t + 8s + 4 + j
 // The stream is cut into 16 KB chunks (GEMM1: KBC k blocks of the 2*COLS rows, 4 x 32 or
-// 2 x 64; GEMM2: 8 m-tiles of 16 rows x 128) in a ring of STAGES buffers; the activation rows of a GEMM1 chunk land
-// in the same stage on the same mbarrier. Padding rows (no token) are never copied: the
+// 2 x 64; GEMM2: 8 m-tiles of 16 rows x 128) in a ring of STAGES buffers; the activation rows of
+// a GEMM1 chunk land in the same stage on the same mbarrier.
+// CLUSTER 1 (one CTA an item, alone on its SM): 32 KB chunks (GEMM1: one k block of the 256
+// gate and up rows; GEMM2: 16 m-tiles). Warp w owns gate m-tile w and up m-tile w, the same 16
+// columns, over all of K, so SwiGLU is warp-local and a consumer barrier replaces the exchange.
+// It streams no faster than one SM's bulk copy engine (about 48 GB/s on the H200), so it lost
+// to clusters of 4 at every M measured up to 8; the host offers it (cluster=1), BLOCK_M <= 16. Padding rows (no token) are never copied: the
 // activation ring is zeroed once at start, so a padding row holds zeros or another item's
 // (finite) activations, and its scale is 0: its accumulators stay 0 and nothing is written.
 //
@@ -56,7 +63,8 @@
 // Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8 up to 48: at 56
 // and 64 the consumers do not fit the 168 registers of 9 warps without spilling), STAGES (ring
 // depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes STAGES to match),
-// CLUSTER (8 or 4; the host lays the weights out for it).
+// CLUSTER (8, 4 or 1; the host lays the weights out for it), LAG (in launches of one round, a
+// producer issues chunk g only once chunk g - LAG has landed).
 
 #ifndef BLOCK_M
 #define BLOCK_M 8
