@@ -949,6 +949,14 @@ moebench_fused_moe(
                 }
                 __syncwarp();
             };
+            // One n-tile t of an m-tile whose A fragments are a[]: p = a . aq^T (FP32, unscaled).
+            auto mma_aq = [&](float (&p)[4], const uint4 (&a)[4], int t) {
+                const u8* ab = sm.aq + (t * 8 + gq) * AQ_ROW + tq * 32;
+                const uint4 blo = *reinterpret_cast<const uint4*>(ab);
+                const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
+                p[0] = p[1] = p[2] = p[3] = 0.0f;
+                mma_block(p, a, blo, bhi);
+            };
             for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
@@ -971,11 +979,8 @@ moebench_fused_moe(
                     const float sw = m.w2s[rbase / GROUP];
                     #pragma unroll
                     for (int t = 0; t < NT; ++t) {
-                        const u8* ab = sm.aq + (t * 8 + gq) * AQ_ROW + tq * 32;
-                        const uint4 blo = *reinterpret_cast<const uint4*>(ab);
-                        const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
-                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_block(p, a[h], blo, bhi);
+                        float p[4];
+                        mma_aq(p, a[h], t);
                         reduce_out(p, t, sw, rbase);
                     }
                 }
@@ -989,11 +994,8 @@ moebench_fused_moe(
                     const float sw = m.w2s[rbase / GROUP];
                     #pragma unroll
                     for (int t = 0; t < NT; ++t) {
-                        const u8* ab = sm.aq + (t * 8 + gq) * AQ_ROW + tq * 32;
-                        const uint4 blo = *reinterpret_cast<const uint4*>(ab);
-                        const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
-                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_block(p, a, blo, bhi);
+                        float p[4];
+                        mma_aq(p, a, t);
                         if (t == 0) {  // a[] is consumed: the stage may be refilled before the reductions
                             __syncwarp();
                             mbar_arrive(sm.empty + 8 * st);
