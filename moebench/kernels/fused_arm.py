@@ -452,6 +452,8 @@ class CudaFusedArm(Arm):
     def prepare(self, fx: Fixture) -> PreparedCall:
         s = fx.spec
         bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
+        if self.block_m is None and self.cluster == 1:
+            bm = min(bm, MAX_BLOCK_M_ALONE)  # the default never picks a block one CTA cannot hold
         plan = route_plan(fx.topk_ids, s.E, bm)
         items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
         plan = plan.to(fx.device)
