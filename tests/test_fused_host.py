@@ -84,7 +84,7 @@ def test_sass_has_the_instructions_we_meant(cache, tmp_path):
     assert "ATOMG.E.ADD" in sass  # the work tickets
     assert not re.search(r"\b(LDL|STL)\b", sass)  # nothing in local memory
     # no subroutine: IEEE division's slow path, called from the SwiGLU, cost Q8 2.8 us on the H200
-    # (its code fetched behind the weight stream; docs/kernels.md)
+    # (docs/kernels.md)
     assert "CALL" not in sass
 
 

@@ -52,7 +52,8 @@
 // gate and up rows; GEMM2: 16 m-tiles). Warp w owns gate m-tile w and up m-tile w, the same 16
 // columns, over all of K, so SwiGLU is warp-local and a consumer barrier replaces the exchange.
 // It streams no faster than one SM's bulk copy engine (about 48 GB/s on the H200), so it lost
-// to clusters of 4 at every M measured up to 8; the host offers it (cluster=1), BLOCK_M <= 16. Padding rows (no token) are never copied: the
+// to clusters of 4 at every M measured up to 8; the host offers it (cluster=1), BLOCK_M <= 16.
+// Padding rows (no token) are never copied: the
 // activation ring is zeroed once at start, so a padding row holds zeros or another item's
 // (finite) activations, and its scale is 0: its accumulators stay 0 and nothing is written.
 //
@@ -277,12 +278,12 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
 }
 
 // The divisions here and in the requant are __fdividef (x times an approximate reciprocal, 2 ulp
-// at most) and the exponential is __expf: IEEE division and expf branch to a slow-path
-// subroutine at the end of the code, and its first call in an item fetches instructions
-// through a memory system the weight stream keeps full: that cost Q8 2.8 us a launch in the
-// SwiGLU alone (trace, docs/kernels.md). 2 ulp of FP32 moves an E4M3 code (3 mantissa bits)
-// only at a rounding tie, far inside the parity tolerance. For v below about -88, __expf(-v) is
-// inf and the quotient 0, as silu's limit.
+// at most) and the exponential is __expf. IEEE division branches, for some operands, to a
+// slow-path subroutine at the end of the code; with it the SwiGLU took 2.8 us of Q8's launch in
+// the trace, 0.5 us without (docs/kernels.md; why the call costs that much behind the weight
+// stream is not shown). 2 ulp of FP32 moves an E4M3 code (3 mantissa bits) only at a rounding
+// tie, far inside the parity tolerance. For v below about -88, __expf(-v) is inf and the
+// quotient 0, as silu's limit.
 __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
 
 // Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
