@@ -71,19 +71,16 @@ for s in "$@"; do case $s in
   fused-clusters-s) stage fused-clusters-s python3 scripts/arm_variants.py "$R/clusters-s" --arm cuda-fused \
          --variant c8:cluster=8 --variant c4:cluster=4 --variant c4p3s2:cluster=4,per_sm=3,stages=2 \
          --variant c4p2s4:cluster=4,per_sm=2,stages=4 ;;
-  racecheck-c4) stage racecheck-c4 bash -c "for a in '--stages 6' '' '--max-clusters 1'; do echo \"== racecheck --K 1024 \$a\";
-         timeout \${CONFIG_TIMEOUT:-90} compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py --K 1024 \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'; done" ;;
+  racecheck) stage racecheck bash -c "for a in '--stages 6' '' '--max-clusters 1'; do echo \"== racecheck --K 1024 ${SAN_ARGS:-} \$a\";
+         timeout \${CONFIG_TIMEOUT:-90} compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py --K 1024 ${SAN_ARGS:-} \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'; done" ;;  # SAN_ARGS: e.g. --cluster 1
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
   fused-alone) stage fused-alone python3 scripts/arm_variants.py "$R/alone" --arm cuda-fused \
          --variant c4:cluster=4 --variant c1:cluster=1 ${ALONE_SHAPES:---shape Q8 --shape A8} ;;
-  racecheck-args) stage racecheck-args bash -c "for a in '' '--max-clusters 1'; do echo \"== racecheck --K 1024 ${SAN_ARGS:-} \$a\";
-         timeout \${CONFIG_TIMEOUT:-90} compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py --K 1024 ${SAN_ARGS:-} \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'; done" ;;  # SAN_ARGS: e.g. --cluster 1
-  memcheck-args) stage memcheck-args bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ${SAN_ARGS:-}" ;;
   trace) stage trace python3 scripts/trace_fused.py "$R/trace" ;;
   trace-args) stage trace-args bash -c "python3 scripts/trace_fused.py $R/trace $TRACE_ARGS" ;;  # TRACE_ARGS: e.g. --shape Q8 --define NAME=1 --arm-arg stages=2
   run-args) stage run-args bash -c "python3 -m moebench run --out $R $RUN_ARGS" ;;  # RUN_ARGS: builds, shapes, --ref
-  memcheck) stage memcheck compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ;;
+  memcheck) stage memcheck bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ${SAN_ARGS:-}" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
   *) echo "unknown stage $s" ;;

@@ -109,11 +109,11 @@ def main() -> int:
     flush = L2Flush("read", torch.cuda.get_device_properties(dev).L2_cache_size, dev)
     override = fused_arm.source_with_defines(("MOEBENCH_TRACE", f"{buf.data_ptr():#x}ULL"),
                                              *parse_defines(args.define).items())
+    arm_args = {k: int(v) for k, v in (a.split("=", 1) for a in args.arm_arg)}
     rc = 0
     with source_override(override) as used:
         for shape in args.shape.split(","):
             fx = build_fixture(ShapeRegistry().resolve(shape)).to(dev)
-            arm_args = {k: int(v) for k, v in (a.split("=", 1) for a in args.arm_arg)}
             call = fused_arm.CudaFusedArm(**arm_args).prepare(fx)
             assert used, "the traced build did not go through the override"
             parity = check_parity(call, References(fx), shape)

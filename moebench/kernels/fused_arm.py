@@ -176,7 +176,7 @@ def occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]
     more (from BLOCK_M 32 on, the register budget of one more CTA does not hold the consumers
     without spilling under the H200's ptxas, the CI guard's nvcc 13.0)."""
     base = ctas_per_sm(block_m, cluster)
-    return (base, base + 1) if block_m <= 16 and cluster > 1 else (base,)
+    return (base, base + 1) if base == 2 else (base,)
 
 
 def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
