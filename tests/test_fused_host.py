@@ -223,6 +223,9 @@ def test_cluster_sizes_are_checked():
         prepare_fused_weights(w1, torch.ones(E, 2, 1), w2, torch.ones(E, 1, 1), cluster=2)
     with pytest.raises(UserError, match="cluster=16"):
         fused_arm.CudaFusedArm(cluster=16)
+    with pytest.raises(UserError, match="max_clusters=0 must be at least 1"):
+        fused_arm.CudaFusedArm(max_clusters=0)
+    assert fused_arm.CudaFusedArm(max_clusters=74).max_clusters == 74
 
 
 def test_permuted_mma_equals_the_plain_product():

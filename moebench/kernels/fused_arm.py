@@ -430,10 +430,13 @@ class CudaFusedArm(Arm):
     description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
-                 cluster: int | None = None):
+                 cluster: int | None = None, max_clusters: int | None = None):
         if cluster is not None and cluster not in CLUSTERS:
             raise UserError(f"cuda-fused: cluster={cluster} must be one of {', '.join(map(str, CLUSTERS))}")
+        if max_clusters is not None and max_clusters < 1:
+            raise UserError(f"cuda-fused: max_clusters={max_clusters} must be at least 1")
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
+        self.max_clusters = max_clusters
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
@@ -459,7 +462,8 @@ class CudaFusedArm(Arm):
         plan = plan.to(fx.device)
         weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, self.cluster or DEFAULT_CLUSTER)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
-                                                      stages=self.stages, per_sm=self.per_sm, items=items)
+                                                      stages=self.stages, per_sm=self.per_sm, items=items,
+                                                      max_clusters=self.max_clusters)
         res = module.resources(KERNEL_NAME)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,

@@ -27,7 +27,8 @@
 // GEMM1, the block's activation rows) into the ring with cp.async.bulk, running ahead across
 // item boundaries, so HBM stays busy through every SwiGLU exchange and item change: the next
 // item's meta is built while the current item's chunks stream.
-// In launches of one round the producer keeps at most LAG of its chunks waiting to land.
+// In launches of one round, past its first ring, the producer keeps at most LAG of its chunks
+// waiting to land.
 // The DSMEM exchange needs no cluster barrier per item: writers st.async into the
 // readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
 // requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
@@ -92,13 +93,19 @@
 #define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2, 4 or 16
 #define KBC (CLUSTER == 1 ? 1 : 8 / MT1)  // k blocks per GEMM1 chunk (8 warps = KBC x MT1): 4, 2 or 1
 #define X_ROW (KBC * GROUP + 16)  // shared row of a chunk's activations: + 16 bytes (no bank conflicts)
-// In launches of one round (no more items than clusters) the producer issues chunk g only once
-// chunk g - LAG has landed, so few of its copies wait in the SM's bulk copy engine: faster at
-// A8 and Q8 on the H200; in launches of several rounds it cost A128 about 1.5%, so there the
+// In launches of one round (no more items than clusters) the producer issues chunk g >= STAGES
+// only once chunk g - LAG has landed, so few of its copies wait in the SM's bulk copy engine:
+// faster at A8 and Q8 on the H200 (the first ring goes out at once: START_NOLAG in
+// docs/kernels.md); in launches of several rounds it cost A128 about 1.5%, so there the
 // producer streams as far ahead as the ring allows (docs/kernels.md, "One CTA an item").
 #ifndef LAG
 #define LAG 2
 #endif
+// The producer's first trip at kernel entry (see the set-up), in clusters of 4 (the default);
+// the others load it after the set-up, as every later item's: held in registers through the
+// set-up, it spilled clusters of 8 at BLOCK_M 16 (NVRTC) and one CTA an item at BLOCK_M 16 (nvcc
+// 13.0). By cp.async into shared memory instead, it was no faster than the old start.
+#define FIRST_AT_ENTRY (CLUSTER == 4)
 #define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
@@ -166,6 +173,11 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// One line into L2 (no register written; its address translation is filled on the way).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
 
 // 4 bytes global -> shared by the async copy unit (no register holds the value): the
@@ -295,7 +307,9 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 // item 0's chunk j < 16: seen landed by the consumers at 48 + j, issued at 64 + j; item 0's
 // exchange (tid 0): partial sums shared 80, cluster joined 81, SwiGLU sent 82, requant done 83,
 // exchange bytes expected 84, first column's sums read 85, its SwiGLU computed 86 (94 and 95
-// hold values from those steps: storing them orders the stamps after the work).
+// hold values from those steps: storing them orders the stamps after the work); the producer's
+// start: barriers initialised 91, the set-up's block barrier passed 92, it begins 90, the padded
+// total and item 0's expert returned 87, item 0's slot ids returned 89.
 // The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
 // sits before a barrier of the traced kernel (a release would wait for it).
 #define TRACE_SLOTS 96
@@ -345,6 +359,9 @@ __device__ __forceinline__ u64 smid() {
 __host__ __device__ constexpr u32 meta_bytes(int KB) {
     return (16 + 3 * BLOCK_M * 4 + BLOCK_M * (KB + 4) * 4 + 3 * KB * 4 + 15) & ~15u;
 }
+
+// Item 0's plan slot ids: one a producer lane (and one more for each 32 rows of BLOCK_M past 32).
+struct Sids { int v[(BLOCK_M + 31) / 32]; };
 
 struct Meta {
     int* hdr; int* tok; float* rw; float* tmul; float* xs; float* w1s; float* w2s;
@@ -435,6 +452,26 @@ moebench_fused_moe(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const u32 rank = cluster_ctarank();
     const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
+    // The producer's first trip goes out before the set-up, which takes about 1 us of a cold
+    // launch: the padded total, item 0's expert id and its slot ids (block cid / G < max_blocks,
+    // see the producer), into registers. And one line of each buffer whose address is known now,
+    // prefetched to L2 (docs/kernels.md, "FAST_START": with the first ring's chunks out without
+    // the lag, 1.006-1.013 at Q8 in four runs). Clusters of 4 only (FIRST_AT_ENTRY).
+    int first_ntpp = 0, first_expert = -1;
+    Sids first_sid;
+    if (FIRST_AT_ENTRY && warp == 8) {
+        first_ntpp = __ldg(num_tokens_post_padded);
+        first_expert = __ldg(expert_ids + cid / G);
+        #pragma unroll
+        for (int q = 0; q < (BLOCK_M + 31) / 32; ++q) {
+            const int r = lane + 32 * q;
+            first_sid.v[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(cid / G) * BLOCK_M + r) : -1;
+        }
+        const void* warm = lane == 0 ? static_cast<const void*>(x) : lane == 1 ? static_cast<const void*>(x_scale)
+                         : lane == 2 ? static_cast<const void*>(w1_scale) : lane == 3 ? static_cast<const void*>(w2_scale)
+                         : lane == 4 ? static_cast<const void*>(topk_weights) : lane == 5 ? static_cast<const void*>(out) : nullptr;
+        if (warm != nullptr) prefetch_l2(warm);
+    }
     // Set-up. The K-derived sizes and the shared layout are derived again in each warp role,
     // from a K the compiler cannot see through: values computed once here would live across
     // both roles' loops and crowd the consumers' register budget (they spilled).
@@ -463,12 +500,14 @@ moebench_fused_moe(
             mbar_init(sm.tempty + 8 * b, CLUSTER);   // one arrival per CTA that read the ticket
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        TRACE(true, 91);  // barriers initialised
     }
     // The activation ring starts zeroed: padding rows are never copied (see the header).
     for (int i = tid; i < STAGES * BLOCK_M * X_ROW / 16; i += THREADS)
         reinterpret_cast<uint4*>(sm.xring)[i] = make_uint4(0, 0, 0, 0);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
+    TRACE(tid == 0, 92);  // the set-up's block barrier passed
     cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
     }
 
@@ -478,17 +517,18 @@ moebench_fused_moe(
         const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
         const u32 MB = d.MB;
         const Smem sm = carve(smem_base, KB);
+        TRACE(lane == 0, 90);  // the producer starts
         // Item n's chunks stream into the ring while item n + 1's meta is built in steps, one
         // step after each chunk issued (from chunk STAGES on, when the consumers have left
         // item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
         // weight scales, then the activation scales and route weights in batches. Each step
         // is one trip to memory, shorter than the STAGES chunks the ring holds, so the meta is
         // ready before the consumers need it and the next item's chunks follow the last ones
-        // without a gap. Item 0 is built first, in the same steps; the padded total and its
-        // expert id go out together (block cid / G < max_blocks: the host launches at most
-        // max_blocks * G clusters; the plan buffers hold max_blocks).
-        const int ntpp = __ldg(num_tokens_post_padded);
-        const int first_e = __ldg(expert_ids + cid / G);
+        // without a gap. Item 0 is built first, in the same steps; the padded total, its expert
+        // id and its slot ids were loaded at kernel entry (block cid / G < max_blocks: the host
+        // launches at most max_blocks * G clusters; the plan buffers hold max_blocks).
+        const int ntpp = FIRST_AT_ENTRY ? first_ntpp : __ldg(num_tokens_post_padded);
+        const int first_e = FIRST_AT_ENTRY ? first_expert : __ldg(expert_ids + cid / G);
         constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
         const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
         const int items = max(nblocks, 0) * G;
@@ -576,6 +616,7 @@ moebench_fused_moe(
             #pragma unroll
             for (int q = 0; q < RW; ++q) {
                 const int r = lane + 32 * q;
+                if (FIRST_AT_ENTRY && n == 0 && w == cid) { sid[q] = first_sid.v[q]; continue; }  // loaded at entry
                 sid[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
             }
             const float* s1 = w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;  // gate row; up row at + G * KB
@@ -602,6 +643,7 @@ moebench_fused_moe(
                 valid += __popc(__ballot_sync(0xffffffffu, ok));
             }
             if (lane == 0) m.hdr[3] = valid;  // tokens with activation rows to copy
+            TRACE(lane == 0 && n == 0 && valid >= 0, 89);  // item 0's slot ids returned
             if (async) {
                 if (lane == 0) mbar_expect_tx(sm.mfull + 8 * slot, (valid + 2) * KB * 4);
                 __syncwarp();
@@ -675,7 +717,7 @@ moebench_fused_moe(
         // registers): weights, and for GEMM1 the block's activation rows.
         auto issue = [&](int n, int j) {
             const u32 st = gc % STAGES;
-            if (!queue && gc >= LAG) {  // one round: chunk gc - LAG has landed (see LAG)
+            if (!queue && gc >= STAGES) {  // one round, past the first ring: chunk gc - LAG has landed (see LAG)
                 const u32 pg = gc - LAG;
                 mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
             }
@@ -715,6 +757,12 @@ moebench_fused_moe(
         if (w < items) {
             e = first_e;
             if (e < 0 || e >= E) { request_ticket(); receive_ticket(); find_item(); }
+        }
+        TRACE(lane == 0 && first_e != -2147483647, 87);  // the first trip (padded total, expert) returned
+        if (e >= 0 && lane < 2) {  // item 0's weight pages: GEMM1's first chunk, GEMM2's
+            const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
+            prefetch_l2(lane == 0 ? w1f + cta * (2 * COLS) * static_cast<size_t>(K)
+                                  : w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K));
         }
         begin_meta(0);
         int pre = 0;
