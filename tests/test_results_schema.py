@@ -22,6 +22,19 @@ def test_round_trip_is_exact(tmp_path, timer):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left
 
 
+def test_gz_paths_are_compressed_and_load_back(tmp_path):
+    r = make_result()
+    path = store.save(r, tmp_path / "r.json.gz")
+    raw = path.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and len(raw) < len(store.dumps(r).encode()) / 3
+    assert store.load(path) == r
+    renamed = path.rename(tmp_path / "r.json")  # compressed content under a plain name loads too
+    assert store.load(renamed) == r
+    (tmp_path / "bad.json.gz").write_bytes(raw[: len(raw) // 2])  # a truncated download
+    with pytest.raises(UserError, match="cannot read"):
+        store.load(tmp_path / "bad.json.gz")
+
+
 def test_version_and_format_are_checked(tmp_path):
     data = json.loads(store.dumps(make_result()))
     assert data["schema_version"] == SCHEMA_VERSION and data["format"] == "moebench.RunResult"

@@ -99,7 +99,7 @@ def gemm2_target_steps(num_blocks: int, rows_per_expert: int, k_dim: int, wave_c
     resident CTAs (all run at once, so one CTA's length is the kernel's: keep CTAs short),
     else LONG_STEPS (CTAs run in waves; longer ones pay pipeline fill and drain fewer times).
 
-    From the H200 experiment (results/h200/experiments/cuda-swapab-gemm2-steps-*.json):
+    From the H200 experiment (results/h200/experiments/cuda-swapab-gemm2-steps-*.json.gz):
     16 steps gained 1-6% at A8, A128 and Q128, whose 8-step grids are 798 to 3,668 CTAs,
     and lost 8.5% at Q8, whose 8-step grid (296 CTAs) fits in one wave; 4 and 32 steps lost
     everywhere."""

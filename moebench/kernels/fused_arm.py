@@ -35,7 +35,7 @@ GROUP = 128  # FP8 block-scale granularity (weights 128x128, activations 1x128)
 # or one CTA with the whole group (no SwiGLU exchange between CTAs).
 CLUSTERS = (8, 4, 1)
 # Clusters of 4 by default: against 8 on the H200, 1.156x at A8, 1.005x at A128, 1.032x at Q8
-# and 1.068x at Q128 (results/h200/experiments/cuda-fused-clusters-*.json).
+# and 1.068x at Q128 (results/h200/experiments/cuda-fused-clusters-*.json.gz).
 DEFAULT_CLUSTER = 4
 THREADS = 288  # 8 consumer warps + 1 producer warp
 AQ_ROW, STG_ROW = 144, 20
