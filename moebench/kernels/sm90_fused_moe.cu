@@ -456,7 +456,7 @@ moebench_fused_moe(
     // launch: the padded total, item 0's expert id and its slot ids (block cid / G < max_blocks,
     // see the producer), into registers. And one line of each buffer whose address is known now,
     // prefetched to L2 (docs/kernels.md, "FAST_START": with the first ring's chunks out without
-    // the lag, 1.006-1.013 at Q8 in four runs). Clusters of 4 only (FIRST_AT_ENTRY).
+    // the lag, 1.006-1.036 at Q8 on six H200s). Clusters of 4 only (FIRST_AT_ENTRY).
     int first_ntpp = 0, first_expert = -1;
     Sids first_sid;
     if (FIRST_AT_ENTRY && warp == 8) {
