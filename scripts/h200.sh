@@ -79,6 +79,7 @@ for s in "$@"; do case $s in
          --variant c4:cluster=4 --variant c1:cluster=1 ${ALONE_SHAPES:---shape Q8 --shape A8} ;;
   trace) stage trace python3 scripts/trace_fused.py "$R/trace" ;;
   trace-args) stage trace-args bash -c "python3 scripts/trace_fused.py $R/trace $TRACE_ARGS" ;;  # TRACE_ARGS: e.g. --shape Q8 --define NAME=1 --arm-arg stages=2
+  variants) stage variants bash scripts/variants.sh "$R/variants" ;;  # VARIANTS="base x:NAME=1 ..." (see the script)
   run-args) stage run-args bash -c "python3 -m moebench run --out $R $RUN_ARGS" ;;  # RUN_ARGS: builds, shapes, --ref
   memcheck) stage memcheck bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ${SAN_ARGS:-}" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
