@@ -77,6 +77,11 @@ def summary(tr: np.ndarray) -> list[str]:
     for name in ("producer done", "consumers done", "exit"):
         row(name, np.where(busy, p[name], np.nan))
     t0 = tr[:, 0].min()
+    for slot, name in ((91, "s barriers initialised"), (92, "s set-up passed"), (90, "s producer starts"),
+                       (87, "s first trip back"), (89, "s slot ids back")):
+        v = tr[busy, slot]
+        if (v > 0).any():
+            row(name, (v[v > 0] - t0) / 1e3)
     for slot, name in ((10, "x gemm1 done"), (80, "x sums shared"), (81, "x cluster joined"), (84, "x bytes expected"), (85, "x sums read"),
                        (86, "x swiglu computed"), (82, "x swiglu sent"),
                        (11, "x exchange done"), (83, "x requant done")):
@@ -101,7 +106,7 @@ def main() -> int:
     ap.add_argument("--define", action="append", default=[], metavar="KEY=VALUE",
                     help="a define added to the traced build (an experiment's switch)")
     ap.add_argument("--arm-arg", action="append", default=[], metavar="KEY=INT",
-                    help="a CudaFusedArm argument (stages, per_sm, block_m, cluster)")
+                    help="a CudaFusedArm argument (stages, per_sm, block_m, cluster, max_clusters)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")

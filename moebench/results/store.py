@@ -53,6 +53,6 @@ def load(path: str | Path) -> RunResult:
         text = data.decode()
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError, OSError, EOFError) as err:
+    except (OSError, UnicodeDecodeError, EOFError) as err:  # a folder, no permission, bad gzip, truncated
         raise UserError(f"{path}: cannot read: {err}") from None
     return loads(text, str(path))
