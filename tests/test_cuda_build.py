@@ -44,6 +44,37 @@ def test_compile_records_resources_without_gpu(cache):
     assert d["build_hash"] == b.build_hash and d["resources"]["tiny"]["registers"] == r.registers
 
 
+def _without_log_resources(m):
+    """The module as NVRTC 13.0 on the H200 machine left some builds: no ptxas log, no resources."""
+    from dataclasses import replace
+    return cuda_build.CudaModule(replace(m.build, resources={}), m.cubin, m.symbol_mapping, "")
+
+
+def test_resources_without_a_ptxas_log_come_from_the_loaded_kernel(cache, monkeypatch):
+    m = _without_log_resources(compile_source(TINY))
+
+    class Attrs:
+        num_regs, local_size_bytes, shared_size_bytes = 40, 24, 0
+
+    class Kernel:
+        attributes = Attrs()
+
+    seen = []
+    monkeypatch.setattr(m, "kernel", lambda name, device=None: seen.append((name, device)) or Kernel())
+    r = m.resources("tiny", 3)
+    assert seen == [("tiny", 3)]
+    assert (r.registers, r.stack_bytes, r.spill_stores, r.spill_loads, r.source) == (40, 24, 24, 24, "driver")
+    Attrs.local_size_bytes = 0
+    assert m.resources("tiny").spill_stores == 0
+
+
+@pytest.mark.gpu
+def test_driver_resources_match_ptxas():
+    m = compile_source(TINY)
+    r = _without_log_resources(m).resources("tiny")
+    assert r.source == "driver" and r.registers == m.resources("tiny").registers and r.stack_bytes == 0
+
+
 def test_cache_hit_miss_and_corrupt_entry(cache):
     first = compile_source(TINY)
     cuda_build.clear_memo()

@@ -46,6 +46,11 @@ class KernelResources:
     spill_stores: int
     spill_loads: int
     stack_bytes: int
+    # "ptxas": from ptxas's verbose log. "driver": NVRTC returned no log (NVRTC 13.0 on the H200
+    # machine did, for some builds of one source and not others), so the loaded kernel's
+    # attributes: registers and local memory; the spill counts are then the local bytes (an
+    # upper bound: any stack frame counts), 0 when there is none.
+    source: str = "ptxas"
 
 
 @dataclass(frozen=True)
@@ -286,8 +291,16 @@ class CudaModule:
     def mangled(self, name: str) -> str:
         return self.symbol_mapping.get(name, name)
 
-    def resources(self, name: str) -> KernelResources:
-        return self.build.resources[self.mangled(name)]
+    def resources(self, name: str, device: int | None = None) -> KernelResources:
+        """The kernel's registers, spills and stack, from ptxas's log; where the log had none,
+        from the kernel as loaded on `device` (a GPU is needed then)."""
+        found = self.build.resources.get(self.mangled(name))
+        if found is not None:
+            return found
+        attrs = self.kernel(name, device).attributes
+        local = int(attrs.local_size_bytes)
+        return KernelResources(registers=int(attrs.num_regs), shared_bytes=int(attrs.shared_size_bytes),
+                               spill_stores=local, spill_loads=local, stack_bytes=local, source="driver")
 
     def kernel(self, name: str, device: int | None = None):
         """The loaded cuda.core Kernel `name` (a name expression or an extern "C" name)."""

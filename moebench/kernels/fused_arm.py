@@ -464,13 +464,13 @@ class CudaFusedArm(Arm):
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
                                                       max_clusters=self.max_clusters)
-        res = module.resources(KERNEL_NAME)
+        res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
             "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": dims["cluster"],
             "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],
             "clusters": dims["grid"][0] // dims["cluster"], "items": items, "build": module.build.to_dict(),
-            "registers": res.registers, "spills": res.spill_stores + res.spill_loads,
+            "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
         }
         return PreparedCall(arm=self.name, run=launch, output=out,
                             kernels=(KernelDecl("fused", r"moebench_fused_moe", 1),),
