@@ -183,20 +183,21 @@ def test_accumulates_into_a_nonzero_output(cluster):
 
 
 @CLUSTERS
-@pytest.mark.parametrize("clusters", [None, 3])
-def test_every_launch_does_all_the_work(clusters, cluster):
+@pytest.mark.parametrize("shape,clusters", [("Q128", None), ("Q128", 3), ("Q8", None)])
+def test_every_launch_does_all_the_work(shape, clusters, cluster):
     # work after each cluster's first item comes from a ticket counter that the last cluster
-    # out of work zeroes: each launch of one launch object must do every item again
-    fx = fixture("Q128")
+    # out of work zeroes, and in launches of one round (Q8, three CTAs an SM) each busy CTA
+    # takes back its SM's count: each launch of one launch object must do every item again
+    fx = fixture(shape)
     plan = route_plan(fx.topk_ids, fx.spec.E, 8).to(fx.device)
-    launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights("Q128", cluster), plan,
+    launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights(shape, cluster), plan,
                                              fx.topk_weights, max_clusters=clusters)
     for i in range(3):
         out.zero_()
         launch()
         torch.cuda.synchronize()
-        assert dims["work"].tolist() == [0, 0], f"launch {i}: counter left at {dims['work'].tolist()}"
-        assert_parity(fx, out, f"Q128-launch{i}-{clusters}cl-c{cluster}")
+        assert not dims["work"].any(), f"launch {i}: counters left at {dims['work'].nonzero().flatten().tolist()}"
+        assert_parity(fx, out, f"{shape}-launch{i}-{clusters}cl-c{cluster}")
 
 
 @CLUSTERS

@@ -382,9 +382,9 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
-    # The kernel's work counter: zero at every launch (the last cluster out of work resets it),
-    # so one launch of this object in flight at a time.
-    work = torch.zeros(2, dtype=torch.int32, device=x.device)
+    # The kernel's work counters: zero at every launch (the last cluster out of work resets the
+    # tickets, each CTA takes back its SM's count), so one launch of this object in flight at a time.
+    work = torch.zeros(2 + 256, dtype=torch.int32, device=x.device)  # tickets, then busy CTAs per SM
     bm, K, cluster = dims["block_m"], dims["K"], weights.cluster
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])

@@ -28,7 +28,7 @@
 // item boundaries, so HBM stays busy through every SwiGLU exchange and item change: the next
 // item's meta is built while the current item's chunks stream.
 // In launches of one round, past its first ring, the producer keeps at most LAG of its chunks
-// waiting to land.
+// waiting to land, unless its SM holds three busy CTAs (CROWD_LAG).
 // The DSMEM exchange needs no cluster barrier per item: writers st.async into the
 // readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
 // requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
@@ -100,6 +100,12 @@
 // producer streams as far ahead as the ring allows (docs/kernels.md, "One CTA an item").
 #ifndef LAG
 #define LAG 2
+#endif
+// Only SMs with fewer than three busy CTAs lag (see the producer); built where an SM holds three,
+// at BLOCK_M 8 (at 16 the count spilled; the sanitizer's small launches set it to exercise the
+// counts).
+#ifndef CROWD_LAG
+#define CROWD_LAG (MIN_CTAS_PER_SM >= 3 && BLOCK_M == 8)
 #endif
 // The producer's first trip at kernel entry (see the set-up), in clusters of 4 (the default);
 // the others load it after the set-up, as every later item's: held in registers through the
@@ -442,7 +448,8 @@ moebench_fused_moe(
     const int* __restrict__ num_tokens_post_padded, const float* __restrict__ topk_weights,
     // BF16 output [M, K], accumulated into
     unsigned short* __restrict__ out,
-    // work counter: [0] tickets taken, [1] clusters out of work; zero at launch, zero after
+    // work counters: [0] tickets taken, [1] clusters out of work, [2 + smid] busy CTAs on SM smid
+    // (one-round launches, CROWD_LAG); zero at launch, zero after
     int* __restrict__ work,
     // max_blocks: plan blocks any routing can fill (the host's bound on expert_ids reads);
     // G: requant groups of the intermediate (I / 128)
@@ -540,6 +547,24 @@ moebench_fused_moe(
             ((reinterpret_cast<size_t>(x_scale) | reinterpret_cast<size_t>(w1_scale)) & 15) == 0;
         u32 gc = 0;  // chunks issued
         u32 tk = 0;  // tickets taken
+#if CROWD_LAG
+        // The lag is for SMs with fewer than three busy CTAs. Each busy CTA of a one-round launch
+        // adds 1 to its SM's count in work[2 + smid] as its first ring goes out, and takes it
+        // back at its end. The producer reads the count once a chunk of its first ring has
+        // landed (chunk STAGES's lag), some 2 us after every CTA's first ring went out, and uses
+        // it from chunk 2 * STAGES on, so that no issue waits for the load; before that it lags.
+        // On an SM with three busy CTAs, no lag: 1.010-1.012 at Q8 on two H200s (docs/kernels.md,
+        // "CROWD_LAG with a settled count"; read as its first ring went out, the count raced the
+        // other CTAs' increments).
+        u32 sm_id;
+        asm("mov.u32 %0, %%smid;" : "=r"(sm_id));
+        int* const sm_count = work + 2 + (sm_id & 255);
+        int crowd = 0;       // lane 0: the count
+        bool counted = false;
+        auto lag_here = [&]() { return gc < 2 * STAGES || __shfl_sync(0xffffffffu, crowd, 0) < 3; };
+#else
+        auto lag_here = []() { return true; };
+#endif
         // The item being built: its index and expert (-1: no more work). Everything else of it
         // lives in its meta slot between steps (the register budget is the consumers').
         int w = cid, e = -1;
@@ -717,10 +742,13 @@ moebench_fused_moe(
         // registers): weights, and for GEMM1 the block's activation rows.
         auto issue = [&](int n, int j) {
             const u32 st = gc % STAGES;
-            if (!queue && gc >= STAGES) {  // one round, past the first ring: chunk gc - LAG has landed (see LAG)
+            if (!queue && gc >= STAGES && lag_here()) {  // one round, past the first ring: chunk gc - LAG has landed (see LAG)
                 const u32 pg = gc - LAG;
                 mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
             }
+#if CROWD_LAG
+            if (gc == STAGES && counted) crowd = *reinterpret_cast<volatile int*>(sm_count);  // (settled: see above)
+#endif
             mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
             const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
@@ -770,6 +798,9 @@ moebench_fused_moe(
             if (!rows) for (int x = 0; x < nx; ++x) scale_batch(0, x);
             TRACE(lane == 0, 3);
             pre = min(STAGES, total);
+#if CROWD_LAG
+            if (!queue && lane == 0) { atomicAdd(sm_count, 1); counted = true; }
+#endif
             for (int j = 0; j < pre; ++j) issue(0, j);
             TRACE(lane == 0, 2);
         }
@@ -788,6 +819,9 @@ moebench_fused_moe(
             atomicExch(work, 0);
             atomicExch(work + 1, 0);
         }
+#if CROWD_LAG
+        if (counted) atomicSub(sm_count, 1);
+#endif
         if (tk == 0) cluster_wait_acquire();  // (joined at the first ticket otherwise)
         TRACE(lane == 0, 4);
     } else {
