@@ -66,7 +66,8 @@
 // and 64 the consumers do not fit the 168 registers of 9 warps without spilling), STAGES (ring
 // depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes STAGES to match),
 // CLUSTER (8, 4 or 1; the host lays the weights out for it), LAG (in launches of one round, a
-// producer issues chunk g only once chunk g - LAG has landed).
+// producer issues chunk g only once chunk g - LAG has landed), CROWD_LAG (no lag on SMs that
+// hold three busy CTAs).
 
 #ifndef BLOCK_M
 #define BLOCK_M 8
