@@ -52,6 +52,32 @@ def raise_shared_limit(kernel, shared_bytes: int, device: int) -> None:
     _SMEM_RAISED[key] = shared_bytes
 
 
+CLUSTER_POLICIES = {"default": 0, "spread": 1, "load-balancing": 2}
+
+
+_POLICY_SET: dict[tuple[int, int], str] = {}
+
+
+def set_cluster_policy(kernel, policy: str, device: int) -> None:
+    """How the hardware places the kernel's clusters on SMs (CUclusterSchedulingPolicy):
+    "default", "spread" or "load-balancing". A kernel attribute, read at each launch; set
+    only where it changes."""
+    key = (id(kernel), device)
+    if _POLICY_SET.get(key) == policy:
+        return
+    from cuda.bindings import driver
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+    value = CLUSTER_POLICIES[policy]
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        (err,) = driver.cuKernelSetAttribute(attr, value, handle, driver.CUdevice(device))
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, value)
+    if int(err) != 0:
+        raise RuntimeError(f"could not set the cluster scheduling policy {policy!r}: {err}")
+    _POLICY_SET[key] = policy
+
+
 def launch(kernel, grid, block, shared_bytes: int, *args, stream=None) -> None:
     """Launch on torch's current stream (or `stream`). Pointers go as ints (data_ptr()),
     scalars as numpy scalars of the kernel's parameter type, TMA descriptors as returned

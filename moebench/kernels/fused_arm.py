@@ -198,7 +198,8 @@ class LaunchOption:
     per_sm: int
     stages: int
     smem: int
-    resident: int
+    resident: int     # with the default cluster placement
+    resident_lb: int  # with "load-balancing" placement (clusters of one: the same)
     module: object
     kernel: object
 
@@ -208,7 +209,7 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
     """The launches `pick_occupancy` weighs: the default occupancy and one more CTA an SM
     with the deepest ring that still fits; only the given occupancy or ring depth where one
     is set."""
-    from moebench.kernels.cuda_launch import raise_shared_limit
+    from moebench.kernels.cuda_launch import raise_shared_limit, set_cluster_policy
     if per_sm is None and stages is None:
         per_sm_options = [ctas_per_sm(block_m, cluster)]
         for ps in occupancies(block_m, cluster)[1:]:
@@ -230,8 +231,12 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
         module = build_fused(block_m, st, ps, cluster)
         kernel = module.kernel(KERNEL_NAME, device_index)
         raise_shared_limit(kernel, smem, device_index)
-        resident = resident_clusters(kernel, smem, device_index, ps, cluster)
-        out.append(LaunchOption(ps, st, smem, resident, module, kernel))
+        resident = resident_lb = resident_clusters(kernel, smem, device_index, ps, cluster)
+        if cluster > 1:
+            set_cluster_policy(kernel, "load-balancing", device_index)
+            resident_lb = resident_clusters(kernel, smem, device_index, ps, cluster)
+            set_cluster_policy(kernel, "default", device_index)
+        out.append(LaunchOption(ps, st, smem, resident, resident_lb, module, kernel))
     return out
 
 
@@ -285,6 +290,32 @@ def build_fused(block_m: int, stages: int, per_sm: int | None, cluster: int):
     from moebench.kernels.cuda_build import compile_source
     per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
     return compile_source(SOURCE, defines=kernel_defines(block_m, stages, per_sm, cluster))
+
+
+def cluster_policy(one_round: bool, forced: str | None = None) -> str:
+    """How the hardware is asked to place the clusters on SMs (cuda_launch.CLUSTER_POLICIES).
+    Persistent launches (more work items than the default placement keeps resident) take
+    "load-balancing": it puts clusters of 4 on all 132 SMs of an H200 where the default
+    leaves 8 without one, so more clusters are resident (96 against 92 at three CTAs an SM).
+    Measured on the H200 as builds of paired runs (docs/kernels.md, "The hardware's cluster
+    placement"): A128 1.029-1.033x (280 items: three rounds of 96 clusters, not four of 92),
+    Q128 0.994-0.998x. Launches of one round keep the default (Q8: 0.984x with load-balancing).
+    `forced` (a build's CLUSTER_POLICY define, see `forced_policy`) overrides the rule."""
+    if forced is not None:
+        return forced
+    return "default" if one_round else "load-balancing"
+
+
+def forced_policy(module) -> str | None:
+    """The policy a build's CLUSTER_POLICY define (0, 1, 2 or a policy's name) forces, so that
+    policies can be timed as builds of one paired run; the kernel itself ignores the define."""
+    value = dict(module.build.defines).get("CLUSTER_POLICY")
+    if value is None:
+        return None
+    names = {"0": "default", "1": "spread", "2": "load-balancing"}
+    _need(value in names or value in names.values(),
+          f"CLUSTER_POLICY={value}: one of 0, 1, 2, {', '.join(names.values())}")
+    return names.get(value, value)
 
 
 def resident_clusters(kernel, smem: int, device_index: int, per_sm: int, cluster: int) -> int:
@@ -378,7 +409,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     cluster size is the one `weights` were laid out for."""
     import numpy as np
 
-    from moebench.kernels.cuda_launch import bind_launch
+    from moebench.kernels.cuda_launch import bind_launch, set_cluster_policy
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
@@ -392,7 +423,12 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     options = launch_options(bm, K, x.device.index, cluster, per_sm, stages)
     opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, max_blocks * G)) for o in options])]
     per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
-    clusters = min(opt.resident, max_blocks * G)
+    policy = "default"
+    resident = opt.resident
+    if cluster > 1:
+        policy = cluster_policy(items <= opt.resident, forced_policy(module))
+        resident = opt.resident_lb if policy == "load-balancing" else opt.resident
+    clusters = min(resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
@@ -403,12 +439,16 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
     run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
     keep = (x, x_scale, weights, plan, topk_weights, out, work)  # the pointers stay valid while launch lives
+    device = x.device.index
 
     def launch() -> None:
         _ = keep
+        if cluster > 1:  # (the kernel is shared by launches of other shapes: set where it changed)
+            set_cluster_policy(kernel, policy, device)
         run()
 
     return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid, per_sm=per_sm,
+                                      cluster_policy=policy,
                                       max_blocks=max_blocks, cluster=cluster, work=work)
 
 
@@ -469,7 +509,8 @@ class CudaFusedArm(Arm):
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
             "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": dims["cluster"],
             "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],
-            "clusters": dims["grid"][0] // dims["cluster"], "items": items, "build": module.build.to_dict(),
+            "clusters": dims["grid"][0] // dims["cluster"], "cluster_policy": dims["cluster_policy"],
+            "items": items, "build": module.build.to_dict(),
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
         }
         return PreparedCall(arm=self.name, run=launch, output=out,
