@@ -108,7 +108,9 @@ def tensor_map(tensor, box_dim: tuple[int, ...], *, swizzle: str = "128B", l2_pr
     l2 = {"none": TensorMapL2Promotion.NONE, "64B": TensorMapL2Promotion.L2_64B,
           "128B": TensorMapL2Promotion.L2_128B, "256B": TensorMapL2Promotion.L2_256B}[l2_promotion]
     check_box(tuple(tensor.shape), tuple(tensor.stride()), tensor.element_size(), tuple(box_dim), swizzle)
-    view = StridedMemoryView(tensor, stream_ptr=int(torch.cuda.current_stream().cuda_stream))
+    stream = int(torch.cuda.current_stream().cuda_stream)
+    from_dlpack = getattr(StridedMemoryView, "from_dlpack", None)  # (the constructor is deprecated)
+    view = from_dlpack(tensor, stream_ptr=stream) if from_dlpack else StridedMemoryView(tensor, stream_ptr=stream)
     return view.as_tensor_map(box_dim=tuple(box_dim), swizzle=sw, l2_promotion=l2)
 
 
