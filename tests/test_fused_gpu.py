@@ -65,6 +65,8 @@ def test_parity_standard_fixtures(name, cluster):
     call = CudaFusedArm(cluster=cluster).prepare(fx)
     assert call.kernels_per_sample == 1
     assert call.identity["cluster"] == (cluster or DEFAULT_CLUSTER)
+    if cluster is None:  # persistent launches (A128, Q128) placed load-balanced, one-round ones as default
+        assert call.identity["cluster_policy"] == ("load-balancing" if name in ("A128", "Q128") else "default")
     p = check_parity(call, References(fx), name)
     # bf16x2 reductions round every partial sum: ~4e-3 expected (CPU simulation), limit 1e-2
     assert p.passed, f"{name}: {p.reason()} (rel_l2={p.rel_l2:.3g})"

@@ -423,6 +423,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     options = launch_options(bm, K, x.device.index, cluster, per_sm, stages)
     opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, max_blocks * G)) for o in options])]
     per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
+    # (the occupancy is picked on the default placement's residency; the policy then sets the grid)
     policy = "default"
     resident = opt.resident
     if cluster > 1:
