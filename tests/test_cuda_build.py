@@ -156,6 +156,48 @@ def test_check_box_rules():
         cuda_launch.check_box((512, 7168), (1, 512), 1, (64, 128), "128B")
 
 
+def test_kernel_attributes_are_set_once_and_never_taken_from_another_kernel(monkeypatch):
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver
+    calls = []
+
+    def fake_set(handle, attr, value):  # cuFuncSetAttribute(hfunc, attrib, value)
+        calls.append((int(attr), value, handle))
+        return (driver.CUresult.CUDA_SUCCESS,)
+
+    monkeypatch.setattr(driver, "cuFuncSetAttribute", fake_set)
+    monkeypatch.setattr(cuda_launch, "_KERNEL_ATTRS", {})
+    k = SimpleNamespace(handle="function-1")
+    cuda_launch.set_cluster_policy(k, "load-balancing", 0)
+    cuda_launch.set_cluster_policy(k, "load-balancing", 0)  # already set: no call
+    cuda_launch.set_cluster_policy(k, "default", 0)
+    assert [v for _, v, _ in calls] == [2, 0]
+    cuda_launch.raise_shared_limit(k, 100_000, 0)
+    cuda_launch.raise_shared_limit(k, 60_000, 0)  # less than allowed already: no call
+    cuda_launch.raise_shared_limit(k, 150_000, 0)
+    assert [v for _, v, _ in calls[2:]] == [100_000, 150_000]
+    # an entry whose kernel is not this one (a newer kernel with the same id) is set again
+    other = SimpleNamespace(handle="function-2")
+    key = (id(k), 0, int(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE))
+    cuda_launch._KERNEL_ATTRS[key] = (other, 0)
+    cuda_launch.set_cluster_policy(k, "default", 0)
+    assert calls[-1][1:] == (0, "function-1")
+    # a library kernel (CUkernel) is set per device
+    seen = []
+    monkeypatch.setattr(driver, "cuKernelSetAttribute", lambda attr, value, handle, dev: (
+        seen.append((int(attr), value, int(dev))) or (driver.CUresult.CUDA_SUCCESS,)))
+    lib = SimpleNamespace(handle=driver.CUkernel())
+    cuda_launch.raise_shared_limit(lib, 120_000, 1)
+    cuda_launch.set_cluster_policy(lib, "spread", 1)
+    assert [(v, d) for _, v, d in seen] == [(120_000, 1), (1, 1)]
+    # and a refusal is one clear error
+    monkeypatch.setattr(driver, "cuFuncSetAttribute",
+                        lambda handle, attr, value: (driver.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    with pytest.raises(RuntimeError, match="cluster scheduling policy 'spread'"):
+        cuda_launch.set_cluster_policy(k, "spread", 0)
+
+
 @pytest.mark.parametrize("source", sorted(p.name for p in cuda_build.KERNELS_DIR.glob("*.cu")))
 def test_every_cuda_source_compiles_for_sm90a_without_spills(cache, source):
     m = compile_source(source)

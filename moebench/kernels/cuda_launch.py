@@ -32,50 +32,45 @@ def current_stream():
     return s
 
 
-_SMEM_RAISED: dict[tuple[int, int], int] = {}
+# Attribute values set on kernels: (id, device, attribute) -> (kernel, value). The entry holds its
+# kernel, so a newer kernel cannot take the same id and be taken for one already set.
+_KERNEL_ATTRS: dict[tuple[int, int, int], tuple[object, int]] = {}
 
 
-def raise_shared_limit(kernel, shared_bytes: int, device: int) -> None:
-    key = (id(kernel), device)
-    if _SMEM_RAISED.get(key, 0) >= shared_bytes:
+def _set_attribute(kernel, attr, value: int, device: int, what: str, *, at_least: bool = False) -> None:
+    """Set a function attribute of `kernel` on `device`, unless it already holds `value` (or,
+    with `at_least`, more)."""
+    key = (id(kernel), device, int(attr))
+    held = _KERNEL_ATTRS.get(key)
+    if held is not None and held[0] is kernel and (held[1] >= value if at_least else held[1] == value):
         return
     from cuda.bindings import driver
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    handle = kernel.handle
-    if isinstance(handle, driver.CUkernel):
-        dev = driver.CUdevice(device)
-        (err,) = driver.cuKernelSetAttribute(attr, shared_bytes, handle, dev)
-    else:
-        (err,) = driver.cuFuncSetAttribute(handle, attr, shared_bytes)
-    if int(err) != 0:
-        raise RuntimeError(f"could not allow {shared_bytes} B of dynamic shared memory: {err}")
-    _SMEM_RAISED[key] = shared_bytes
-
-
-CLUSTER_POLICIES = {"default": 0, "spread": 1, "load-balancing": 2}
-
-
-_POLICY_SET: dict[tuple[int, int], str] = {}
-
-
-def set_cluster_policy(kernel, policy: str, device: int) -> None:
-    """How the hardware places the kernel's clusters on SMs (CUclusterSchedulingPolicy):
-    "default", "spread" or "load-balancing". A kernel attribute, read at each launch; set
-    only where it changes."""
-    key = (id(kernel), device)
-    if _POLICY_SET.get(key) == policy:
-        return
-    from cuda.bindings import driver
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
-    value = CLUSTER_POLICIES[policy]
     handle = kernel.handle
     if isinstance(handle, driver.CUkernel):
         (err,) = driver.cuKernelSetAttribute(attr, value, handle, driver.CUdevice(device))
     else:
         (err,) = driver.cuFuncSetAttribute(handle, attr, value)
     if int(err) != 0:
-        raise RuntimeError(f"could not set the cluster scheduling policy {policy!r}: {err}")
-    _POLICY_SET[key] = policy
+        raise RuntimeError(f"could not set {what}: {err}")
+    _KERNEL_ATTRS[key] = (kernel, value)
+
+
+def raise_shared_limit(kernel, shared_bytes: int, device: int) -> None:
+    from cuda.bindings import driver
+    _set_attribute(kernel, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                   shared_bytes, device, f"{shared_bytes} B of dynamic shared memory", at_least=True)
+
+
+CLUSTER_POLICIES = {"default": 0, "spread": 1, "load-balancing": 2}
+
+
+def set_cluster_policy(kernel, policy: str, device: int) -> None:
+    """How the hardware places the kernel's clusters on SMs (CUclusterSchedulingPolicy):
+    "default", "spread" or "load-balancing". A kernel attribute, read at each launch; set
+    only where it changes."""
+    from cuda.bindings import driver
+    _set_attribute(kernel, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+                   CLUSTER_POLICIES[policy], device, f"the cluster scheduling policy {policy!r}")
 
 
 def launch(kernel, grid, block, shared_bytes: int, *args, stream=None) -> None:
