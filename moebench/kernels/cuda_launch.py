@@ -7,6 +7,8 @@ moebench.kernels.cuda_build, which compiles without one.
 
 from __future__ import annotations
 
+import functools
+
 MAX_DEFAULT_SHARED_BYTES = 48 * 1024  # above this a kernel needs its dynamic limit raised
 
 
@@ -37,6 +39,13 @@ def current_stream():
 _KERNEL_ATTRS: dict[tuple[int, int, int], tuple[object, int]] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _attribute(name: str):
+    """CUfunction_attribute `name` (looked up once: the launches check attributes every call)."""
+    from cuda.bindings import driver
+    return getattr(driver.CUfunction_attribute, name)
+
+
 def _set_attribute(kernel, attr, value: int, device: int, what: str, *, at_least: bool = False) -> None:
     """Set a function attribute of `kernel` on `device`, unless it already holds `value` (or,
     with `at_least`, more)."""
@@ -56,8 +65,7 @@ def _set_attribute(kernel, attr, value: int, device: int, what: str, *, at_least
 
 
 def raise_shared_limit(kernel, shared_bytes: int, device: int) -> None:
-    from cuda.bindings import driver
-    _set_attribute(kernel, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    _set_attribute(kernel, _attribute("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"),
                    shared_bytes, device, f"{shared_bytes} B of dynamic shared memory", at_least=True)
 
 
@@ -68,8 +76,7 @@ def set_cluster_policy(kernel, policy: str, device: int) -> None:
     """How the hardware places the kernel's clusters on SMs (CUclusterSchedulingPolicy):
     "default", "spread" or "load-balancing". A kernel attribute, read at each launch; set
     only where it changes."""
-    from cuda.bindings import driver
-    _set_attribute(kernel, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+    _set_attribute(kernel, _attribute("CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE"),
                    CLUSTER_POLICIES[policy], device, f"the cluster scheduling policy {policy!r}")
 
 
