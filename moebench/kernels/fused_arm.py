@@ -309,10 +309,11 @@ def cluster_policy(one_round: bool, forced: str | None = None) -> str:
 def forced_policy(module) -> str | None:
     """The policy a build's CLUSTER_POLICY define (0, 1, 2 or a policy's name) forces, so that
     policies can be timed as builds of one paired run; the kernel itself ignores the define."""
+    from moebench.kernels.cuda_launch import CLUSTER_POLICIES
     value = dict(module.build.defines).get("CLUSTER_POLICY")
     if value is None:
         return None
-    names = {"0": "default", "1": "spread", "2": "load-balancing"}
+    names = {str(v): name for name, v in CLUSTER_POLICIES.items()}  # the driver's values, by name
     _need(value in names or value in names.values(),
           f"CLUSTER_POLICY={value}: one of 0, 1, 2, {', '.join(names.values())}")
     return names.get(value, value)
