@@ -166,14 +166,25 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
+// WAIT_HINT (ns, 0: none): the longest a waiting thread is suspended before it tests the phase
+// again; without it the hardware's own limit applies (see docs/kernels.md, "WAIT_HINT").
+#ifndef WAIT_HINT
+#define WAIT_HINT 0
+#endif
+#if WAIT_HINT
+#define TRY_WAIT_ARGS ", %2"
+#else
+#define TRY_WAIT_ARGS ""
+#endif
+
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     asm volatile(
         "{\n"
         ".reg .pred done;\n"
         "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1" TRY_WAIT_ARGS ";\n"
         "@!done bra WAIT;\n"
-        "}\n" :: "r"(bar), "r"(parity) : "memory");
+        "}\n" :: "r"(bar), "r"(parity), "r"(WAIT_HINT) : "memory");
 }
 
 // One contiguous global -> shared copy by the bulk copy engine, completing on `bar`.
@@ -219,9 +230,9 @@ __device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
         "{\n"
         ".reg .pred done;\n"
         "WAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1" TRY_WAIT_ARGS ";\n"
         "@!done bra WAIT;\n"
-        "}\n" :: "r"(bar), "r"(parity) : "memory");
+        "}\n" :: "r"(bar), "r"(parity), "r"(WAIT_HINT) : "memory");
 }
 
 // The shared::cluster address of the local shared address `local` in CTA `rank`.
