@@ -470,7 +470,15 @@ moebench_fused_moe(
     extern __shared__ __align__(128) u8 smem_base[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const u32 rank = cluster_ctarank();
+#ifdef PROBE_SPLIT
+    // Timing probe (wrong results): clusters from PROBE_SPLIT on stream half of an item each,
+    // two clusters an item (half 0: the first half of its GEMM1 and GEMM2 chunks, half 1 the rest).
+    const int cid0 = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
+    const int probe_half = cid0 >= PROBE_SPLIT ? ((cid0 - PROBE_SPLIT) & 1) : -1;
+    const int cid = cid0 >= PROBE_SPLIT ? PROBE_SPLIT + ((cid0 - PROBE_SPLIT) >> 1) : cid0;
+#else
     const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
+#endif
     // The producer's first trip goes out before the set-up, which takes about 1 us of a cold
     // launch: the padded total, item 0's expert id and its slot ids (block cid / G < max_blocks,
     // see the producer), into registers. And one line of each buffer whose address is known now,
@@ -537,6 +545,16 @@ moebench_fused_moe(
         const u32 MB = d.MB;
         const Smem sm = carve(smem_base, KB);
         TRACE(lane == 0, 90);  // the producer starts
+#ifdef PROBE_SPLIT
+        const int total_p = probe_half < 0 ? total : n1 / 2 + (total - n1) / 2;
+        auto jmap = [&](int j) {
+            return probe_half < 0 ? j : j < n1 / 2 ? probe_half * (n1 / 2) + j
+                                                   : n1 + probe_half * ((total - n1) / 2) + (j - n1 / 2);
+        };
+#else
+        const int total_p = total;
+        auto jmap = [](int j) { return j; };
+#endif
         // Item n's chunks stream into the ring while item n + 1's meta is built in steps, one
         // step after each chunk issued (from chunk STAGES on, when the consumers have left
         // item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
@@ -809,18 +827,18 @@ moebench_fused_moe(
         if (e >= 0) {
             if (!rows) for (int x = 0; x < nx; ++x) scale_batch(0, x);
             TRACE(lane == 0, 3);
-            pre = min(STAGES, total);
+            pre = min(STAGES, total_p);
 #if CROWD_LAG
             if (!queue && lane == 0) { atomicAdd(sm_count, 1); counted = true; }
 #endif
-            for (int j = 0; j < pre; ++j) issue(0, j);
+            for (int j = 0; j < pre; ++j) issue(0, jmap(j));
             TRACE(lane == 0, 2);
         }
         for (int n = 0; e >= 0; ++n) {
             // item n's meta is in slot n & 1; e is its expert until its successor's build
             int s = 0;
-            for (int j = n == 0 ? pre : 0; j < total; ++j) {
-                issue(n, j);
+            for (int j = n == 0 ? pre : 0; j < total_p; ++j) {
+                issue(n, jmap(j));
                 if (j >= STAGES && s < nsteps) build_step(n + 1, s++);
             }
             for (; s < nsteps; ++s) build_step(n + 1, s);
@@ -840,6 +858,11 @@ moebench_fused_moe(
         // ================================================================ consumer warps
         const Dims d = dims_of(launder(K));
         const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
+#ifdef PROBE_SPLIT
+        const int n1_p = probe_half < 0 ? n1 : n1 / 2, total_p = probe_half < 0 ? total : n1 / 2 + (total - n1) / 2;
+#else
+        const int n1_p = n1, total_p = total;
+#endif
         const u32 MB = d.MB;
         const Smem sm = carve(smem_base, KB);
         const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
@@ -864,7 +887,7 @@ moebench_fused_moe(
             for (int h = 0; h < 2; ++h)
                 #pragma unroll
                 for (int t = 0; t < NT; ++t) acc[h][t][0] = acc[h][t][1] = acc[h][t][2] = acc[h][t][3] = 0.0f;
-            for (int j = 0; j < n1; ++j, ++gc) {
+            for (int j = 0; j < n1_p; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && j == 0, 9 + 5 * n);
@@ -918,7 +941,7 @@ moebench_fused_moe(
             float acc[NT][4];
             #pragma unroll
             for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-            for (int j = 0; j < n1; ++j, ++gc) {
+            for (int j = 0; j < n1_p; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && j == 0, 9 + 5 * n);
@@ -1052,11 +1075,11 @@ moebench_fused_moe(
                 p[0] = p[1] = p[2] = p[3] = 0.0f;
                 mma_block(p, a, blo, bhi);
             };
-            for (int j = n1; j < total; ++j, ++gc) {
+            for (int j = n1_p; j < total_p; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && n == 0 && j < 16, 48 + j);
-                const int mtile = CHUNK_TILES * (j - n1) + warp;  // m-tile within this CTA's rows
+                const int mtile = CHUNK_TILES * (j - n1_p) + warp;  // m-tile within this CTA's rows
 #if CLUSTER == 1
                 const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // tile mtile + 8 at + 8 tiles
                 uint4 a[2][4];
