@@ -27,7 +27,7 @@ from moebench.kernels.cuda_build import parse_defines, source_override  # noqa: 
 from moebench.kernels.parity import References, check_parity  # noqa: E402
 from moebench.timing.flush import L2Flush  # noqa: E402
 
-SLOTS = 96  # TRACE_SLOTS in the .cu
+SLOTS = 256  # TRACE_SLOTS in the .cu (128 + s: the clock64 twin of stamp s)
 ITEMS = 8   # items traced per CTA
 
 

@@ -113,6 +113,16 @@
 // set-up, it spilled clusters of 8 at BLOCK_M 16 (NVRTC) and one CTA an item at BLOCK_M 16 (nvcc
 // 13.0). By cp.async into shared memory instead, it was no faster than the old start.
 #define FIRST_AT_ENTRY (CLUSTER == 4)
+// EARLY_W0: item 0's first chunk of weights goes out as soon as its expert is known (counted on
+// stage 0 by expect_tx alone), before its meta; its activation rows and the arrival follow in
+// issue(). META_CPASYNC: item 0's meta (activation-scale and gate/up scale rows) by 16-byte cp.async
+// from the producer's lanes instead of one bulk copy a row. (Experiments: docs/kernels.md.)
+#ifndef EARLY_W0
+#define EARLY_W0 0
+#endif
+#ifndef META_CPASYNC
+#define META_CPASYNC 0
+#endif
 #define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
@@ -202,6 +212,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 // producer's gathers of route weights and scales, tracked by cp_async_arrive.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
+// 16 bytes global -> shared by the async copy unit (both 16-byte aligned), tracked as cp_async4's.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
 // The current phase of `bar` also waits for every cp.async this thread issued before
@@ -330,7 +345,8 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 // total and item 0's expert returned 87, item 0's slot ids returned 89.
 // The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
 // sits before a barrier of the traced kernel (a release would wait for it).
-#define TRACE_SLOTS 96
+#define TRACE_SLOTS 256  // 0-127 as above (96 + j: chunk j < 16 past its waits, about to be copied; 112-123: steps of the
+                         // producer's start, see begin_meta and issue); 128 + s: clock64 at stamp s
 #ifdef MOEBENCH_TRACE
 __shared__ u64 trace_smem[TRACE_SLOTS];
 __device__ __forceinline__ void trace_store(int slot, u64 v) {
@@ -351,7 +367,7 @@ __device__ __forceinline__ u64 smid() {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
     return r;
 }
-#define TRACE(cond, slot) do { if (cond) trace_store((slot), globaltimer()); } while (0)
+#define TRACE(cond, slot) do { if (cond) { trace_store(128 + (slot), clock64()); trace_store((slot), globaltimer()); } } while (0)
 #define TRACE_VALUE(cond, slot, v) do { if (cond) trace_store((slot), (v)); } while (0)
 #else
 #define TRACE(cond, slot) do { } while (0)
@@ -577,6 +593,7 @@ moebench_fused_moe(
             ((reinterpret_cast<size_t>(x_scale) | reinterpret_cast<size_t>(w1_scale)) & 15) == 0;
         u32 gc = 0;  // chunks issued
         u32 tk = 0;  // tickets taken
+        bool w0_early = false;  // (EARLY_W0) item 0's first chunk of weights went out before its meta
 #if CROWD_LAG
         // The lag is for SMs with fewer than three busy CTAs. Each busy CTA of a one-round launch
         // adds 1 to its SM's count in work[2 + smid] as its first ring goes out, and takes it
@@ -658,6 +675,7 @@ moebench_fused_moe(
         auto begin_meta = [&](int n) {
             const int slot = n & 1;
             mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
+            TRACE(lane == 0 && n == 0, 113);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
             const int block = w / G, g = w - block * G;
             if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
@@ -698,10 +716,29 @@ moebench_fused_moe(
                 valid += __popc(__ballot_sync(0xffffffffu, ok));
             }
             if (lane == 0) m.hdr[3] = valid;  // tokens with activation rows to copy
+            TRACE(lane == 0 && n == 0, 114);
             TRACE(lane == 0 && n == 0 && valid >= 0, 89);  // item 0's slot ids returned
             if (async) {
+#if META_CPASYNC
+                __syncwarp();  // every row's token is in m.tok
+                TRACE(lane == 0, 115);
+                const int q4 = KB >> 2;  // 16-byte pieces a row
+                for (int i = lane; i < (BLOCK_M + 2) * q4; i += 32) {
+                    const int r = i / q4, p4 = 4 * (i - r * q4);
+                    if (r < BLOCK_M) {  // activation scales of row r
+                        float* dst = m.xs + r * (KB + 4) + p4;
+                        const int t = m.tok[r];
+                        if (t >= 0) cp_async16(dst, x_scale + static_cast<size_t>(t) * KB + p4);
+                        else *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
+                    } else {  // gate (r == BLOCK_M), then up scales
+                        cp_async16(m.w1s + (r - BLOCK_M) * KB + p4, s1 + (r - BLOCK_M) * G * KB + p4);
+                    }
+                }
+                TRACE(lane == 0, 117);
+#else
                 if (lane == 0) mbar_expect_tx(sm.mfull + 8 * slot, (valid + 2) * KB * 4);
                 __syncwarp();
+                TRACE(lane == 0, 115);
                 #pragma unroll
                 for (int q = 0; q < RW; ++q) {
                     const int r = lane + 32 * q;
@@ -712,8 +749,12 @@ moebench_fused_moe(
                     else
                         for (int k = 0; k < KB; k += 4) *reinterpret_cast<float4*>(row + k) = make_float4(0.f, 0.f, 0.f, 0.f);
                 }
+                TRACE(lane == 0, 116);
                 if (lane < 2) bulk_copy(smem_u32(m.w1s + lane * KB), s1 + lane * G * KB, KB * 4, sm.mfull + 8 * slot);
+                TRACE(lane == 0, 117);
+#endif
                 for (int i = lane; i < KB; i += 32) cp_async4(m.w2s + i, s2 + i * G);
+                TRACE(lane == 0, 118);
                 cp_async_arrive(sm.mfull + 8 * slot);
             }
             __syncwarp();
@@ -782,15 +823,20 @@ moebench_fused_moe(
             mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
             const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
+            TRACE(lane == 0 && n == 0 && j < 16 && cta != ~size_t(0), 96 + j);  // past the waits, the meta read
             if (j < n1) {
                 const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
                 const int valid = m.hdr[3];
                 const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
                 const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
                 if (lane == 0) {
-                    mbar_arrive_expect_tx(sm.full + 8 * st, wbytes + valid * abytes);
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
+                    const bool out = w0_early && gc == 0;  // its weights are on their way (EARLY_W0)
+                    mbar_arrive_expect_tx(sm.full + 8 * st, (out ? 0 : wbytes) + valid * abytes);
+                    TRACE(n == 0 && j == 0, 119);
+                    if (!out)
+                        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                                  wbytes, sm.full + 8 * st);
+                    TRACE(n == 0 && j == 0, 120);
                 }
                 for (int r = lane; r < BLOCK_M; r += 32) {
                     const int t = m.tok[r];
@@ -822,6 +868,16 @@ moebench_fused_moe(
             prefetch_l2(lane == 0 ? w1f + cta * (2 * COLS) * static_cast<size_t>(K)
                                   : w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K));
         }
+#if EARLY_W0 && !defined(PROBE_SPLIT)
+        w0_early = e >= 0;
+        if (w0_early && lane == 0) {  // stage 0 is free: nothing was issued yet
+            const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
+            const u32 wb = min(KBC, KB) * MT1 * 2048;
+            mbar_expect_tx(sm.full, wb);
+            bulk_copy(smem_u32(sm.ring), w1f + cta * (2 * COLS) * static_cast<size_t>(K), wb, sm.full);
+        }
+        TRACE(lane == 0, 121);
+#endif
         begin_meta(0);
         int pre = 0;
         if (e >= 0) {
