@@ -5,7 +5,8 @@
 Builds the arm's kernel with MOEBENCH_TRACE set to a device buffer (sm90_fused_moe.cu,
 "Phase timestamps"), checks it against the oracle, then runs `--calls` cold calls (the L2
 read-flushed before each, as `moebench run` does) and saves every CTA's timestamps as
-OUT_DIR/trace-SHAPE.npz (int64 [calls, CTAs, 48], ns). It prints, per shape, the phases'
+OUT_DIR/trace-SHAPE.npz (int64 [calls, CTAs, SLOTS]: globaltimer ns, and from slot 128 the
+SM clock at the same stamps). It prints, per shape, the phases'
 medians and spreads over CTAs. A diagnostic, not a timer: the stores add a few instructions
 to the traced build, and the spans are globaltimer (ns) readings, not CUPTI durations.
 """

@@ -432,9 +432,6 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
         resident = opt.resident_lb if policy == "load-balancing" else opt.resident
     clusters = min(resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
-    probe = dict(module.build.defines).get("PROBE_SPLIT")  # (a timing probe's grid: docs/kernels.md)
-    if probe is not None:
-        clusters = min(resident, int(probe) + 2 * max(items - int(probe), 0))
     grid = (cluster * clusters, 1, 1)
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,

@@ -113,16 +113,13 @@
 // set-up, it spilled clusters of 8 at BLOCK_M 16 (NVRTC) and one CTA an item at BLOCK_M 16 (nvcc
 // 13.0). By cp.async into shared memory instead, it was no faster than the old start.
 #define FIRST_AT_ENTRY (CLUSTER == 4)
-// EARLY_W0: item 0's first chunk of weights goes out as soon as its expert is known (counted on
-// stage 0 by expect_tx alone), before its meta; its activation rows and the arrival follow in
-// issue(). META_CPASYNC: item 0's meta (activation-scale and gate/up scale rows) by 16-byte cp.async
-// from the producer's lanes instead of one bulk copy a row. (Experiments: docs/kernels.md.)
-#ifndef EARLY_W0
-#define EARLY_W0 0
+// Item 0's first EARLY_CHUNKS chunks of weights go out as soon as its expert is known, before
+// its meta (see the producer); 0: with their rows, after the meta, as every later chunk.
+#ifndef EARLY_CHUNKS
+#define EARLY_CHUNKS 2
 #endif
-#ifndef META_CPASYNC
-#define META_CPASYNC 0
-#endif
+static_assert(EARLY_CHUNKS >= 0 && EARLY_CHUNKS <= 2, "EARLY_CHUNKS: 0, 1 or 2");
+#define EARLY_RING (EARLY_CHUNKS < STAGES ? EARLY_CHUNKS : STAGES)  // (the ring holds them)
 #define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
@@ -176,25 +173,14 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
-// WAIT_HINT (ns, 0: none): the longest a waiting thread is suspended before it tests the phase
-// again; without it the hardware's own limit applies (see docs/kernels.md, "WAIT_HINT").
-#ifndef WAIT_HINT
-#define WAIT_HINT 0
-#endif
-#if WAIT_HINT
-#define TRY_WAIT_ARGS ", %2"
-#else
-#define TRY_WAIT_ARGS ""
-#endif
-
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     asm volatile(
         "{\n"
         ".reg .pred done;\n"
         "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1" TRY_WAIT_ARGS ";\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra WAIT;\n"
-        "}\n" :: "r"(bar), "r"(parity), "r"(WAIT_HINT) : "memory");
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
 
 // One contiguous global -> shared copy by the bulk copy engine, completing on `bar`.
@@ -212,11 +198,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 // producer's gathers of route weights and scales, tracked by cp_async_arrive.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-
-// 16 bytes global -> shared by the async copy unit (both 16-byte aligned), tracked as cp_async4's.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
 // The current phase of `bar` also waits for every cp.async this thread issued before
@@ -245,9 +226,9 @@ __device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
         "{\n"
         ".reg .pred done;\n"
         "WAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1" TRY_WAIT_ARGS ";\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra WAIT;\n"
-        "}\n" :: "r"(bar), "r"(parity), "r"(WAIT_HINT) : "memory");
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
 
 // The shared::cluster address of the local shared address `local` in CTA `rank`.
@@ -486,15 +467,7 @@ moebench_fused_moe(
     extern __shared__ __align__(128) u8 smem_base[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const u32 rank = cluster_ctarank();
-#ifdef PROBE_SPLIT
-    // Timing probe (wrong results): clusters from PROBE_SPLIT on stream half of an item each,
-    // two clusters an item (half 0: the first half of its GEMM1 and GEMM2 chunks, half 1 the rest).
-    const int cid0 = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
-    const int probe_half = cid0 >= PROBE_SPLIT ? ((cid0 - PROBE_SPLIT) & 1) : -1;
-    const int cid = cid0 >= PROBE_SPLIT ? PROBE_SPLIT + ((cid0 - PROBE_SPLIT) >> 1) : cid0;
-#else
     const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
-#endif
     // The producer's first trip goes out before the set-up, which takes about 1 us of a cold
     // launch: the padded total, item 0's expert id and its slot ids (block cid / G < max_blocks,
     // see the producer), into registers. And one line of each buffer whose address is known now,
@@ -561,16 +534,6 @@ moebench_fused_moe(
         const u32 MB = d.MB;
         const Smem sm = carve(smem_base, KB);
         TRACE(lane == 0, 90);  // the producer starts
-#ifdef PROBE_SPLIT
-        const int total_p = probe_half < 0 ? total : n1 / 2 + (total - n1) / 2;
-        auto jmap = [&](int j) {
-            return probe_half < 0 ? j : j < n1 / 2 ? probe_half * (n1 / 2) + j
-                                                   : n1 + probe_half * ((total - n1) / 2) + (j - n1 / 2);
-        };
-#else
-        const int total_p = total;
-        auto jmap = [](int j) { return j; };
-#endif
         // Item n's chunks stream into the ring while item n + 1's meta is built in steps, one
         // step after each chunk issued (from chunk STAGES on, when the consumers have left
         // item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
@@ -593,7 +556,6 @@ moebench_fused_moe(
             ((reinterpret_cast<size_t>(x_scale) | reinterpret_cast<size_t>(w1_scale)) & 15) == 0;
         u32 gc = 0;  // chunks issued
         u32 tk = 0;  // tickets taken
-        bool w0_early = false;  // (EARLY_W0) item 0's first chunk of weights went out before its meta
 #if CROWD_LAG
         // The lag is for SMs with fewer than three busy CTAs. Each busy CTA of a one-round launch
         // adds 1 to its SM's count in work[2 + smid] as its first ring goes out, and takes it
@@ -719,23 +681,6 @@ moebench_fused_moe(
             TRACE(lane == 0 && n == 0, 114);
             TRACE(lane == 0 && n == 0 && valid >= 0, 89);  // item 0's slot ids returned
             if (async) {
-#if META_CPASYNC
-                __syncwarp();  // every row's token is in m.tok
-                TRACE(lane == 0, 115);
-                const int q4 = KB >> 2;  // 16-byte pieces a row
-                for (int i = lane; i < (BLOCK_M + 2) * q4; i += 32) {
-                    const int r = i / q4, p4 = 4 * (i - r * q4);
-                    if (r < BLOCK_M) {  // activation scales of row r
-                        float* dst = m.xs + r * (KB + 4) + p4;
-                        const int t = m.tok[r];
-                        if (t >= 0) cp_async16(dst, x_scale + static_cast<size_t>(t) * KB + p4);
-                        else *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
-                    } else {  // gate (r == BLOCK_M), then up scales
-                        cp_async16(m.w1s + (r - BLOCK_M) * KB + p4, s1 + (r - BLOCK_M) * G * KB + p4);
-                    }
-                }
-                TRACE(lane == 0, 117);
-#else
                 if (lane == 0) mbar_expect_tx(sm.mfull + 8 * slot, (valid + 2) * KB * 4);
                 __syncwarp();
                 TRACE(lane == 0, 115);
@@ -752,7 +697,6 @@ moebench_fused_moe(
                 TRACE(lane == 0, 116);
                 if (lane < 2) bulk_copy(smem_u32(m.w1s + lane * KB), s1 + lane * G * KB, KB * 4, sm.mfull + 8 * slot);
                 TRACE(lane == 0, 117);
-#endif
                 for (int i = lane; i < KB; i += 32) cp_async4(m.w2s + i, s2 + i * G);
                 TRACE(lane == 0, 118);
                 cp_async_arrive(sm.mfull + 8 * slot);
@@ -830,7 +774,8 @@ moebench_fused_moe(
                 const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
                 const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
                 if (lane == 0) {
-                    const bool out = w0_early && gc == 0;  // its weights are on their way (EARLY_W0)
+                    // item 0's first chunks: their weights are on their way (see EARLY_CHUNKS below)
+                    const bool out = n == 0 && j < EARLY_RING;
                     mbar_arrive_expect_tx(sm.full + 8 * st, (out ? 0 : wbytes) + valid * abytes);
                     TRACE(n == 0 && j == 0, 119);
                     if (!out)
@@ -855,9 +800,10 @@ moebench_fused_moe(
             ++gc;
         };
 
-        // Item 0: its meta's copies go out before its first chunks (the ring is free), so they
-        // do not queue behind every CTA's first STAGES chunks in HBM. Its expert id came with
-        // the padded total; a bad one falls through to the queue.
+        // Item 0: its meta's copies go out before its first chunks' activation rows and its third
+        // chunk (the ring is free), so they do not queue behind every CTA's first STAGES chunks in
+        // HBM; only the first EARLY_CHUNKS chunks' weights go ahead of them. Its expert id came
+        // with the padded total; a bad one falls through to the queue.
         if (w < items) {
             e = first_e;
             if (e < 0 || e >= E) { request_ticket(); receive_ticket(); find_item(); }
@@ -868,33 +814,43 @@ moebench_fused_moe(
             prefetch_l2(lane == 0 ? w1f + cta * (2 * COLS) * static_cast<size_t>(K)
                                   : w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K));
         }
-#if EARLY_W0 && !defined(PROBE_SPLIT)
-        w0_early = e >= 0;
-        if (w0_early && lane == 0) {  // stage 0 is free: nothing was issued yet
+        // Item 0's first EARLY_CHUNKS chunks of weights go out now, before its meta: they need only
+        // the expert, and HBM has nothing else to do until the meta's copies and the first chunks
+        // would go out, about 1.9 us later at Q8 (the producer's start is a chain of slow steps:
+        // docs/kernels.md, "The start in cycles"). Each is counted on its stage by expect_tx alone,
+        // so no stage completes before issue() adds the chunk's activation rows and arrives. Q8
+        // 1.036 with one, 1.052 with two, 0.991 with three (the meta's copies then wait behind the
+        // burst).
+        if (lane == 0 && e >= 0 && EARLY_RING > 0) {  // stages 0.. are free: nothing was issued yet
             const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
-            const u32 wb = min(KBC, KB) * MT1 * 2048;
+            const u8* src = w1f + cta * (2 * COLS) * static_cast<size_t>(K);
+            const u32 wb = min(KBC, KB) * MT1 * 2048;  // chunk 0 (and 1: n1 > 1, so KB >= 2 * KBC)
             mbar_expect_tx(sm.full, wb);
-            bulk_copy(smem_u32(sm.ring), w1f + cta * (2 * COLS) * static_cast<size_t>(K), wb, sm.full);
+            bulk_copy(smem_u32(sm.ring), src, wb, sm.full);
+            if (EARLY_RING > 1 && n1 > 1) {
+                const u32 wb1 = min(KBC, KB - KBC) * MT1 * 2048;
+                mbar_expect_tx(sm.full + 8, wb1);
+                bulk_copy(smem_u32(sm.ring + CHUNK_BYTES), src + CHUNK_BYTES, wb1, sm.full + 8);
+            }
         }
         TRACE(lane == 0, 121);
-#endif
         begin_meta(0);
         int pre = 0;
         if (e >= 0) {
             if (!rows) for (int x = 0; x < nx; ++x) scale_batch(0, x);
             TRACE(lane == 0, 3);
-            pre = min(STAGES, total_p);
+            pre = min(STAGES, total);
 #if CROWD_LAG
             if (!queue && lane == 0) { atomicAdd(sm_count, 1); counted = true; }
 #endif
-            for (int j = 0; j < pre; ++j) issue(0, jmap(j));
+            for (int j = 0; j < pre; ++j) issue(0, j);
             TRACE(lane == 0, 2);
         }
         for (int n = 0; e >= 0; ++n) {
             // item n's meta is in slot n & 1; e is its expert until its successor's build
             int s = 0;
-            for (int j = n == 0 ? pre : 0; j < total_p; ++j) {
-                issue(n, jmap(j));
+            for (int j = n == 0 ? pre : 0; j < total; ++j) {
+                issue(n, j);
                 if (j >= STAGES && s < nsteps) build_step(n + 1, s++);
             }
             for (; s < nsteps; ++s) build_step(n + 1, s);
@@ -914,11 +870,6 @@ moebench_fused_moe(
         // ================================================================ consumer warps
         const Dims d = dims_of(launder(K));
         const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
-#ifdef PROBE_SPLIT
-        const int n1_p = probe_half < 0 ? n1 : n1 / 2, total_p = probe_half < 0 ? total : n1 / 2 + (total - n1) / 2;
-#else
-        const int n1_p = n1, total_p = total;
-#endif
         const u32 MB = d.MB;
         const Smem sm = carve(smem_base, KB);
         const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
@@ -943,7 +894,7 @@ moebench_fused_moe(
             for (int h = 0; h < 2; ++h)
                 #pragma unroll
                 for (int t = 0; t < NT; ++t) acc[h][t][0] = acc[h][t][1] = acc[h][t][2] = acc[h][t][3] = 0.0f;
-            for (int j = 0; j < n1_p; ++j, ++gc) {
+            for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && j == 0, 9 + 5 * n);
@@ -997,7 +948,7 @@ moebench_fused_moe(
             float acc[NT][4];
             #pragma unroll
             for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-            for (int j = 0; j < n1_p; ++j, ++gc) {
+            for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && j == 0, 9 + 5 * n);
@@ -1131,11 +1082,11 @@ moebench_fused_moe(
                 p[0] = p[1] = p[2] = p[3] = 0.0f;
                 mma_block(p, a, blo, bhi);
             };
-            for (int j = n1_p; j < total_p; ++j, ++gc) {
+            for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
                 TRACE(tr && n == 0 && j < 16, 48 + j);
-                const int mtile = CHUNK_TILES * (j - n1_p) + warp;  // m-tile within this CTA's rows
+                const int mtile = CHUNK_TILES * (j - n1) + warp;  // m-tile within this CTA's rows
 #if CLUSTER == 1
                 const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // tile mtile + 8 at + 8 tiles
                 uint4 a[2][4];
