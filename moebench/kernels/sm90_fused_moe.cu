@@ -277,11 +277,34 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint4& a, u32 b0, 
 
 // Four k32 steps over one 128-wide k block: a[s] are the A fragments, `b` the lane's 32 bytes
 // of its token row (words 2s, 2s+1 feed k-step s, see the permutation above).
+// MMA_CHAINS (1, 2 or 4): independent accumulator chains the four steps are spread over, summed
+// at the end (on sm_90 each e4m3 step is two dependent HMMA.16816 after its operands' unpacking).
+#ifndef MMA_CHAINS
+#define MMA_CHAINS 1
+#endif
 __device__ __forceinline__ void mma_block(float (&d)[4], const uint4 (&a)[4], const uint4& blo, const uint4& bhi) {
+#if MMA_CHAINS == 1
     mma_e4m3(d, a[0], blo.x, blo.y);
     mma_e4m3(d, a[1], blo.z, blo.w);
     mma_e4m3(d, a[2], bhi.x, bhi.y);
     mma_e4m3(d, a[3], bhi.z, bhi.w);
+#elif MMA_CHAINS == 2
+    float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_e4m3(d, a[0], blo.x, blo.y);
+    mma_e4m3(q, a[1], blo.z, blo.w);
+    mma_e4m3(d, a[2], bhi.x, bhi.y);
+    mma_e4m3(q, a[3], bhi.z, bhi.w);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += q[i];
+#else
+    float q[3][4] = {};
+    mma_e4m3(d, a[0], blo.x, blo.y);
+    mma_e4m3(q[0], a[1], blo.z, blo.w);
+    mma_e4m3(q[1], a[2], bhi.x, bhi.y);
+    mma_e4m3(q[2], a[3], bhi.z, bhi.w);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += (q[0][i] + q[1][i]) + q[2][i];
+#endif
 }
 
 // Four floats -> four e4m3 codes (round to nearest even, saturating), low byte first.
@@ -327,7 +350,8 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 // The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
 // sits before a barrier of the traced kernel (a release would wait for it).
 #define TRACE_SLOTS 256  // 0-127 as above (96 + j: chunk j < 16 past its waits, about to be copied; 112-123: steps of the
-                         // producer's start, see begin_meta and issue); 128 + s: clock64 at stamp s
+                         // producer's start, see begin_meta and issue; 122-127: GEMM2's first three chunks,
+                         // mma done and reductions issued, by thread 0); 128 + s: clock64 at stamp s
 #ifdef MOEBENCH_TRACE
 __shared__ u64 trace_smem[TRACE_SLOTS];
 __device__ __forceinline__ void trace_store(int slot, u64 v) {
@@ -1121,12 +1145,14 @@ moebench_fused_moe(
                     for (int t = 0; t < NT; ++t) {
                         float p[4];
                         mma_aq(p, a, t);
+                        TRACE(tr && n == 0 && t == 0 && j - n1 < 3 && p[0] != 12345.0f, 122 + (j - n1));  // its mma done
                         if (t == 0) {  // a[] is consumed: the stage may be refilled before the reductions
                             __syncwarp();
                             mbar_arrive(sm.empty + 8 * st);
                         }
                         reduce_out(p, t, sw, rbase);
                     }
+                    TRACE(tr && n == 0 && j - n1 < 3, 125 + (j - n1));  // its reductions issued
                 }
                 if (mtile >= mt2) {  // no tile of this chunk for this warp
                     __syncwarp();
