@@ -277,10 +277,14 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint4& a, u32 b0, 
 
 // Four k32 steps over one 128-wide k block: a[s] are the A fragments, `b` the lane's 32 bytes
 // of its token row (words 2s, 2s+1 feed k-step s, see the permutation above).
-// MMA_CHAINS (1, 2 or 4): independent accumulator chains the four steps are spread over, summed
-// at the end (on sm_90 each e4m3 step is two dependent HMMA.16816 after its operands' unpacking).
+// MMA_CHAINS (1, 2 or 4): independent accumulator chains the four steps are spread over, summed at
+// the end. On sm_90 each e4m3 step is two dependent HMMA.16816 after its operands are unpacked to F16,
+// so one chain is eight HMMAs deep; the consumers' GEMM2 at the end of a launch is bound by that
+// latency, not by its copies (docs/kernels.md, "GEMM2's tail"). Two chains: 1.017-1.023 at A8, A128
+// and Q8 on the H200, 1.003 at Q128; four: slower at Q8. One at BLOCK_M 16 with three CTAs an SM,
+// where two spill.
 #ifndef MMA_CHAINS
-#define MMA_CHAINS 1
+#define MMA_CHAINS (BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2)
 #endif
 __device__ __forceinline__ void mma_block(float (&d)[4], const uint4 (&a)[4], const uint4& blo, const uint4& bhi) {
 #if MMA_CHAINS == 1
