@@ -275,24 +275,26 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint4& a, u32 b0, 
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
-// Four k32 steps over one 128-wide k block: a[s] are the A fragments, `b` the lane's 32 bytes
-// of its token row (words 2s, 2s+1 feed k-step s, see the permutation above).
-// MMA_CHAINS (1, 2 or 4): independent accumulator chains the four steps are spread over, summed at
-// the end. On sm_90 each e4m3 step is two dependent HMMA.16816 after its operands are unpacked to F16,
-// so one chain is eight HMMAs deep; the consumers' GEMM2 at the end of a launch is bound by that
+// MMA_CHAINS (1 or 2): independent accumulator chains mma_block spreads its four steps over, summed
+// at the end. On sm_90 each e4m3 step is two dependent HMMA.16816 after its operands are unpacked to
+// F16, so one chain is eight HMMAs deep; the consumers' GEMM2 at the end of a launch is bound by that
 // latency, not by its copies (docs/kernels.md, "GEMM2's tail"). Two chains: 1.017-1.023 at A8, A128
-// and Q8 on the H200, 1.003 at Q128; four: slower at Q8. One at BLOCK_M 16 with three CTAs an SM,
-// where two spill.
+// and Q8 on the H200, 1.003 at Q128 (four measured slower at Q8). One at BLOCK_M 16 with three CTAs
+// an SM, where two spill.
 #ifndef MMA_CHAINS
 #define MMA_CHAINS (BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2)
 #endif
+static_assert(MMA_CHAINS == 1 || MMA_CHAINS == 2, "MMA_CHAINS: 1 or 2");
+
+// Four k32 steps over one 128-wide k block: a[s] are the A fragments, `b` the lane's 32 bytes
+// of its token row (words 2s, 2s+1 feed k-step s, see the permutation above).
 __device__ __forceinline__ void mma_block(float (&d)[4], const uint4 (&a)[4], const uint4& blo, const uint4& bhi) {
 #if MMA_CHAINS == 1
     mma_e4m3(d, a[0], blo.x, blo.y);
     mma_e4m3(d, a[1], blo.z, blo.w);
     mma_e4m3(d, a[2], bhi.x, bhi.y);
     mma_e4m3(d, a[3], bhi.z, bhi.w);
-#elif MMA_CHAINS == 2
+#else
     float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma_e4m3(d, a[0], blo.x, blo.y);
     mma_e4m3(q, a[1], blo.z, blo.w);
@@ -300,14 +302,6 @@ __device__ __forceinline__ void mma_block(float (&d)[4], const uint4 (&a)[4], co
     mma_e4m3(q, a[3], bhi.z, bhi.w);
     #pragma unroll
     for (int i = 0; i < 4; ++i) d[i] += q[i];
-#else
-    float q[3][4] = {};
-    mma_e4m3(d, a[0], blo.x, blo.y);
-    mma_e4m3(q[0], a[1], blo.z, blo.w);
-    mma_e4m3(q[1], a[2], bhi.x, bhi.y);
-    mma_e4m3(q[2], a[3], bhi.z, bhi.w);
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] += (q[0][i] + q[1][i]) + q[2][i];
 #endif
 }
 
@@ -353,9 +347,9 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 // total and item 0's expert returned 87, item 0's slot ids returned 89.
 // The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
 // sits before a barrier of the traced kernel (a release would wait for it).
-#define TRACE_SLOTS 256  // 0-127 as above (96 + j: chunk j < 16 past its waits, about to be copied; 112-123: steps of the
-                         // producer's start, see begin_meta and issue; 122-127: GEMM2's first three chunks,
-                         // mma done and reductions issued, by thread 0); 128 + s: clock64 at stamp s
+#define TRACE_SLOTS 256  // 0-127 as above (96 + j: chunk j < 16 past its waits, about to be copied; 113-121: steps of the
+                         // producer's start, see begin_meta, issue and the early chunks; 122-127: GEMM2's first three
+                         // chunks, mma done and reductions issued, by thread 0); 128 + s: clock64 at stamp s
 #ifdef MOEBENCH_TRACE
 __shared__ u64 trace_smem[TRACE_SLOTS];
 __device__ __forceinline__ void trace_store(int slot, u64 v) {
@@ -524,7 +518,8 @@ moebench_fused_moe(
     TRACE(tid == 0, 0);
     TRACE_VALUE(tid == 0, 1, smid());
 #ifdef MOEBENCH_TRACE
-    for (int i = 2 + tid; i < TRACE_SLOTS; i += THREADS) trace_smem[i] = 0;
+    for (int i = 2 + tid; i < TRACE_SLOTS; i += THREADS)
+        if (i != 128) trace_smem[i] = 0;  // (128: the entry's clock, stored above)
 #endif
     if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
 
@@ -852,10 +847,10 @@ moebench_fused_moe(
         if (lane == 0 && e >= 0 && EARLY_RING > 0) {  // stages 0.. are free: nothing was issued yet
             const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
             const u8* src = w1f + cta * (2 * COLS) * static_cast<size_t>(K);
-            const u32 wb = min(KBC, KB) * MT1 * 2048;  // chunk 0 (and 1: n1 > 1, so KB >= 2 * KBC)
+            const u32 wb = min(KBC, KB) * MT1 * 2048;  // chunk 0
             mbar_expect_tx(sm.full, wb);
             bulk_copy(smem_u32(sm.ring), src, wb, sm.full);
-            if (EARLY_RING > 1 && n1 > 1) {
+            if (EARLY_RING > 1 && n1 > 1) {  // chunk 1 (n1 > 1: KB > KBC)
                 const u32 wb1 = min(KBC, KB - KBC) * MT1 * 2048;
                 mbar_expect_tx(sm.full + 8, wb1);
                 bulk_copy(smem_u32(sm.ring + CHUNK_BYTES), src + CHUNK_BYTES, wb1, sm.full + 8);
@@ -1149,7 +1144,8 @@ moebench_fused_moe(
                     for (int t = 0; t < NT; ++t) {
                         float p[4];
                         mma_aq(p, a, t);
-                        TRACE(tr && n == 0 && t == 0 && j - n1 < 3 && p[0] != 12345.0f, 122 + (j - n1));  // its mma done
+                        // its mma done (the condition reads p, so the stamp waits for it)
+                        TRACE(tr && n == 0 && t == 0 && j - n1 < 3 && p[0] != 12345.0f, 122 + (j - n1));
                         if (t == 0) {  // a[] is consumed: the stage may be refilled before the reductions
                             __syncwarp();
                             mbar_arrive(sm.empty + 8 * st);
