@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from moebench.errors import UserError
-from moebench.fixtures import build_fixture, derive, rel_l2_error
+from moebench.fixtures import build_fixture, derive, engine_plan_capacity, rel_l2_error
 from moebench.kernels import triton_arms
 from moebench.kernels.arm import make_arm
 from moebench.kernels.parity import References, check_parity
@@ -282,14 +282,90 @@ def test_verify_cli_without_gpu_or_interpret_is_one_line_exit_2(capsys):
     (["verify", "--shape", "T2", "--arms", "nope", "--interpret"], "unknown arm"),
     (["verify", "--shape", "T2", "--arms", "triton", "--interpret", "--triton-config", "/nonexistent.json"],
      "cannot read"),
-    (["verify", "--shape", "T2", "--interpret"], "no arm given"),
+    (["verify", "--shape", "T2", "--arms", ",", "--interpret"], "no arm given"),
 ])
 def test_verify_cli_user_errors(argv, message, capsys):
     code, _, err = _cli(argv, capsys)
     assert code == 2 and message in err and err.strip().count("\n") == 0
 
 
+def test_verify_without_arms_checks_every_arm_that_can_run_here(capsys):
+    code, out, _ = _cli(["verify", "--shape", "T2", "--interpret"], capsys)
+    assert code == 0, out
+    assert "arms left out: sglang (SGLang is not installed" in out.replace("\n", " ")
+    for arm in ("triton", "triton-default", "triton-swapab"):
+        assert f" {arm} " in out
+
+
 def test_arms_cli_lists_the_triton_arms(capsys):
     code, out, _ = _cli(["arms"], capsys)
     assert code == 0
     assert "triton-swapab" in out and "stock Triton path" in out
+
+
+# ---- the engines' launch paths: tuned tables, TMA, the sorted intermediate ---------------------
+
+
+def _cpu_tables(up: dict, down: dict | None):
+    from moebench.kernels.engine_config import EngineTables, TableKey, parse_table
+    entries = {(TableKey("cpu", 8, 128, False), "3.6.0"): parse_table({"1": up}, "up", "test up")}
+    if down is not None:
+        entries[(TableKey("cpu", 8, 128, True), "3.6.0")] = parse_table({"1": down}, "down", "test down")
+    return EngineTables("sglang", "test", "0" * 64, entries)
+
+
+TMA_UP = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+          "num_stages": 2, "USE_TMA": True}
+TMA_DOWN = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 2, "num_warps": 4,
+            "num_stages": 2, "USE_TMA": True}
+
+
+@pytest.mark.parametrize("case", ["fresh", "M=1", "one expert set", "empty experts"])
+def test_tuned_tables_with_tma_and_the_sorted_intermediate_match_oracle(case, t8, monkeypatch):
+    from moebench.kernels import engine_config
+    monkeypatch.setattr(engine_config, "load_engine_tables", lambda: _cpu_tables(TMA_UP, TMA_DOWN))
+    fx = derive(t8, 13) if case == "fresh" else {c.label: c.fixture for c in edge_cases(t8, 17)}[case]
+    call, _ = _check("triton-swapab", fx)
+    ident = call.identity
+    assert ident["config_source"] == "engine table" and ident["down_block_m_forced"] == "32 -> 16"
+    assert ident["tma"] and ident["down_tma"] and ident["sorted_intermediate"]
+    assert ident["swap_ab"] and ident["down_swap_ab"] and not ident["pdl"]  # no PDL off the GPU
+    S = fx.M * fx.spec.top_k
+    assert ident["route_plan_capacity"] == engine_plan_capacity(S, 8, 16)
+    assert ident["intermediate_rows"] == S + min(S, 9) * 15
+
+
+def test_sorted_rows_past_the_plan_are_never_touched_and_padding_rows_are_zero(t8, monkeypatch):
+    from moebench.kernels import engine_config
+    monkeypatch.setattr(engine_config, "load_engine_tables", lambda: _cpu_tables(TMA_UP, TMA_DOWN))
+    call = make_arm("triton").prepare(derive(t8, 21, M=5))
+    ws = call.workspace
+    assert ws.sorted
+    ws.act.fill_(float("nan"))
+    call.run()
+    n, S = ws.plan.padded_total, ws.plan.num_slots
+    assert n < ws.act.shape[0] and torch.isnan(ws.act[n:].float()).all()  # past the padded total: untouched
+    pad_rows = (ws.plan.sorted_token_ids[:n] >= S).nonzero().reshape(-1)
+    assert pad_rows.numel() > 0 and torch.all(ws.act[pad_rows].float() == 0)
+    assert torch.all(ws.act_scale[pad_rows] == 1e-10)  # the all-zero group's floor
+    assert torch.isfinite(call.output.float()).all()
+
+
+def test_triton_default_ignores_the_tables(t8, monkeypatch):
+    from moebench.kernels import engine_config
+    monkeypatch.setattr(engine_config, "load_engine_tables", lambda: _cpu_tables(TMA_UP, None))
+    call = make_arm("triton-default").prepare(derive(t8, 3))
+    assert call.identity["config"] == STOCK_CONFIG.as_dict() and call.identity["config_source"] == "default"
+    assert not call.identity["tma"]
+    tuned = make_arm("triton").prepare(derive(t8, 3))
+    assert tuned.identity["config_source"] == "engine table" and tuned.identity["tma"]
+    assert tuned.identity["down_config"] == tuned.identity["config"]  # no down table: the up entry
+
+
+def test_default_arms_on_the_cpu_interpreter():
+    from moebench.kernels.arm import default_arms
+    chosen, skipped = default_arms(torch.device("cpu"))
+    assert chosen == ["triton", "triton-default", "triton-swapab"]
+    why = dict(skipped)
+    assert set(why) == {"sglang", "cuda-gemm", "cuda-swapab", "cuda-fused"}
+    assert all(why.values())

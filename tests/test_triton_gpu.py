@@ -15,7 +15,8 @@ import torch
 from moebench.fixtures import build_fixture, derive
 from moebench.kernels.arm import make_arm
 from moebench.kernels.parity import References, check_parity
-from moebench.kernels.triton_arms import (TRITON_KERNELS, interpreter_requested, kernels_module,
+from moebench.kernels.engine_config import TritonMoeConfig
+from moebench.kernels.triton_arms import (TRITON_KERNELS, interpreter_requested, kernels_module, swap_ab_selected,
                                           use_interpreter)
 from moebench.kernels.verify import edge_cases
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.gpu
 MODEL_BOUND = 1e-2
 ORACLE_BOUND = 5e-2
 SHAPES = ["A8", "A128", "Q8", "Q128"]
-ARMS = ["triton", "triton-swapab"]
+ARMS = ["triton", "triton-default", "triton-swapab"]
 EDGE = ["M=1", "one expert set", "empty experts", "M=67"]
 
 
@@ -76,8 +77,11 @@ def _check(arm, fx, label):
 def test_fresh_inputs_match_oracle(fixtures, shape, arm):
     fx = fixtures(shape)
     call = _check(arm, derive(fx, fx.spec.seed + 1), shape)
-    assert call.identity["interpreted"] is False
-    assert call.identity["swap_ab"] is (arm == "triton-swapab")
+    ident = call.identity
+    assert ident["interpreted"] is False
+    assert ident["swap_ab"] is swap_ab_selected(TritonMoeConfig(**ident["config"]))  # the engines' rule on SM90
+    assert ident["down_swap_ab"] is swap_ab_selected(TritonMoeConfig(**ident["down_config"]))
+    assert ident["pdl"] is True
 
 
 @pytest.mark.parametrize("case", EDGE)

@@ -42,6 +42,7 @@ class PreparedCall:
     reset: Callable[[], None] | None = None  # untimed, before every sample (accumulating outputs)
     identity: dict = field(default_factory=dict)  # config and build hashes, JSON-able, stored in results
     oracle: str = "exact"  # the roundings parity is judged against (moebench.fixtures.oracle.ROUNDINGS)
+    workspace: object = None  # what run() writes besides the output (intermediates), for checks
 
     @property
     def kernels_per_sample(self) -> int:
@@ -85,6 +86,11 @@ class Arm(ABC):
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """None if the arm can run on `device` here; else why not, in one line."""
+        return None
+
+    def default_skip_reason(self, device: torch.device) -> str | None:
+        """Why a run with no --arms leaves this available arm out here (e.g. it would launch
+        what another arm launches), or None to time it."""
         return None
 
 
@@ -133,6 +139,24 @@ def make_arms(names: list[str] | tuple[str, ...], options: dict | None = None,
             flag = "--" + key.replace("_", "-")
             raise UserError(f"{flag} applies to none of the arms given ({', '.join(names)})")
     return [arms[n](**{k: v for k, v in given.items() if k in accepts[n]}) for n in names]
+
+
+def default_arms(device: torch.device, options: dict | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+    """The built-in arms a run with no --arms times on `device`, in the registry's default order,
+    and the ones it leaves out, each with why (one line)."""
+    from moebench.kernels.registry import DEFAULT_ORDER
+    arms = load_builtin_arms()
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    chosen, skipped = [], []
+    for name in DEFAULT_ORDER:
+        params = inspect.signature(arms[name]).parameters
+        arm = arms[name](**{k: v for k, v in given.items() if k in params})
+        why = arm.unavailable_reason(device) or arm.default_skip_reason(device)
+        if why:
+            skipped.append((name, why))
+        else:
+            chosen.append(name)
+    return chosen, skipped
 
 
 def parse_arm_list(text: str | list[str] | tuple[str, ...]) -> list[str]:

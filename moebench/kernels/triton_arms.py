@@ -1,18 +1,19 @@
-"""Arms `triton` and `triton-swapab`: the stock five-kernel FP8 block-scale path of triton_moe.
+"""Arms `triton`, `triton-default` and `triton-swapab`: the stock five-kernel FP8 block-scale path.
 
-Configs come in the serving engines' format: a JSON object of per-M configs keyed by the
-number of tokens M, {"1": {"BLOCK_SIZE_M": 16, ...}, "64": {...}}, the entry for a fixture
-being the key nearest to its M, the first such key in file order on a tie (the engines'
-`min(keys, key=lambda k: abs(k - M))`). Without a file the engines' default for FP8
-block-scale weights applies (BM 64, BN 128, BK 128, group-M 32, 4 warps, 3 stages).
+`triton` is the path as the serving engines launch it on the GPU at hand (engine_config.py
+states their rules): the tuned config tables the engine ships for this device and Triton
+version (up and down GEMM), the engine's route-plan sizing, swap-AB by the engine's rule, TMA
+loads where a table entry asks for them, and PDL on SM90. `--triton-config FILE` replaces the
+tables with a file of per-M configs in the engines' format (one entry for both GEMMs, as the
+engines' own override does); `--triton-config default` forces the engines' untuned default.
 
-Swap-AB is selected as SGLang selects it for its fused MoE Triton kernel
-(`should_enable_swap_ab`, fused_moe_triton_kernels.py; vLLM PR #36559 uses the same test):
-FP8 W8A8, BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64, on SM90. The `triton-swapab` arm applies
-the block-shape test on every device, so the interpreter covers the swapped kernels; the
-engines add the SM90 condition, which the H200 meets. With the stock BM 64 the test fails, so
-`triton-swapab` defaults to the engines' small-batch H200 config, BM 16 (the config of vLLM's
-swap-AB H200 benchmarks), and records in its identity whether the swap is on.
+`triton-default` is that path with the engines' untuned default config (BM 64, BN 128, BK 128,
+group-M 32, 4 warps, 3 stages): what an engine runs on a GPU it has no table for.
+
+`triton-swapab` applies the swap-AB block-shape test on every device (the engines add the
+SM90 condition), so the interpreter and non-SM90 GPUs run the swapped kernels; where no table
+exists it falls back to the small-batch config BM 16 rather than BM 64. On an SM90 GPU with
+tables it launches what `triton` launches.
 
 This module imports without Triton: availability is reported by `unavailable_reason`.
 """
@@ -21,112 +22,30 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from moebench.errors import UserError
-from moebench.fixtures import Fixture, route_plan
+from moebench.fixtures import Fixture, RoutePlan, engine_plan_capacity, route_plan
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.engine_config import (DEFAULT_CONFIG, SWAP_AB_RULE, ConfigTable, Device, StockPlan,
+                                            TritonMoeConfig, load_config_file, resolve, sorted_rows,
+                                            swap_ab_rule)
 
 KERNEL_MODULE = "moebench.kernels.triton_moe"
 QUANT_GROUP = 128
-SWAP_AB_RULE = "BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64 (SGLang should_enable_swap_ab; the engines also require SM90)"
 
-
-@dataclass(frozen=True)
-class TritonMoeConfig:
-    """One entry of an engine config file: tile shape, launch shape."""
-
-    BLOCK_SIZE_M: int = 64
-    BLOCK_SIZE_N: int = 128
-    BLOCK_SIZE_K: int = 128
-    GROUP_SIZE_M: int = 32
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def validate(self, where: str) -> None:
-        def pow2(v: int) -> bool:
-            return v > 0 and v & (v - 1) == 0
-        for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
-            v = getattr(self, name)
-            if not pow2(v) or v < 16:
-                raise UserError(f"{where}: {name}={v} must be a power of two >= 16 (tl.dot needs 16)")
-        if QUANT_GROUP % self.BLOCK_SIZE_K:
-            raise UserError(f"{where}: BLOCK_SIZE_K={self.BLOCK_SIZE_K} must divide the scale group {QUANT_GROUP}")
-        if self.GROUP_SIZE_M < 1:
-            raise UserError(f"{where}: GROUP_SIZE_M must be >= 1")
-        if not pow2(self.num_warps) or self.num_warps > 16:
-            raise UserError(f"{where}: num_warps={self.num_warps} must be a power of two <= 16")
-        if self.num_stages < 1:
-            raise UserError(f"{where}: num_stages must be >= 1")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-STOCK_CONFIG = TritonMoeConfig()  # vLLM/SGLang get_default_config, fp8_w8a8 with block_shape [128, 128]
+STOCK_CONFIG = DEFAULT_CONFIG  # vLLM/SGLang get_default_config, fp8_w8a8 with block_shape [128, 128]
 SWAPAB_DEFAULT_CONFIG = TritonMoeConfig(BLOCK_SIZE_M=16, GROUP_SIZE_M=1)  # small-M H200 config
-
-_CONFIG_KEYS = {f for f in TritonMoeConfig.__dataclass_fields__}
-_REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")
-
-
-@dataclass(frozen=True)
-class ConfigFile:
-    path: str
-    sha256: str
-    entries: tuple[tuple[int, TritonMoeConfig], ...]  # in file order
-
-    def select(self, M: int) -> tuple[int, TritonMoeConfig]:
-        """The entry whose key is nearest to M; the first in file order on a tie."""
-        return min(self.entries, key=lambda kv: abs(kv[0] - M))
-
-
-def load_config_file(path: str | Path) -> ConfigFile:
-    """Per-M configs in the engines' JSON format; every mistake is a UserError naming the file."""
-    where = f"Triton config {str(path)!r}"
-    try:
-        raw_bytes = Path(path).read_bytes()
-    except OSError as err:
-        raise UserError(f"cannot read {where}: {err.strerror or err}") from None
-    try:
-        data = json.loads(raw_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{where} is not valid JSON: {err}") from None
-    if not isinstance(data, dict) or not data:
-        raise UserError(f'{where}: expected an object of per-M configs, like {{"1": {{"BLOCK_SIZE_M": 16, ...}}}}')
-    entries = []
-    for key, entry in data.items():
-        here = f"{where}, entry {key!r}"
-        if not (isinstance(key, str) and key.strip().isdigit() and int(key) > 0):
-            raise UserError(f"{here}: a key is a positive token count M")
-        if not isinstance(entry, dict):
-            raise UserError(f"{here}: expected an object")
-        extra = dict(entry)
-        if extra.pop("SPLIT_K", 1) != 1:  # vLLM's tuner writes SPLIT_K=1; nothing else is supported
-            raise UserError(f"{here}: SPLIT_K other than 1 is not supported")
-        unknown = sorted(set(extra) - _CONFIG_KEYS)
-        if unknown:
-            raise UserError(f"{here}: unknown key(s) {', '.join(unknown)}")
-        missing = [k for k in _REQUIRED_KEYS if k not in extra]
-        if missing:
-            raise UserError(f"{here}: missing {', '.join(missing)}")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in extra.values()):
-            raise UserError(f"{here}: values must be integers")
-        config = TritonMoeConfig(**extra)
-        config.validate(here)
-        entries.append((int(key), config))
-    return ConfigFile(str(path), hashlib.sha256(raw_bytes).hexdigest(), tuple(entries))
 
 
 def swap_ab_selected(config: TritonMoeConfig) -> bool:
-    """The engines' block-shape test for swap-AB (see the module docstring)."""
-    return config.BLOCK_SIZE_M < 64 and config.BLOCK_SIZE_N >= 64
+    """The engines' block-shape test for swap-AB, on SM90 (see engine_config.swap_ab_rule)."""
+    return swap_ab_rule(config, on_sm90=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,14 +100,40 @@ TRITON_KERNELS = (
 )
 
 
+def device_of(device: torch.device) -> Device:
+    """What the engines' rules read off the device; off the GPU a stand-in with no SM90 and no PDL."""
+    import triton
+    from moebench.kernels.triton_moe import tensor_descriptors_available
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        name, cap = torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index)
+    else:
+        name, cap = "cpu", (0, 0)
+    return Device(name, tuple(cap), triton.__version__, tensor_descriptors_available())
+
+
+def parse_triton_config(value) -> str | None:
+    """`--triton-config`: None or "auto" (the engine's tables), "default", or a file's path."""
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    return str(value)
+
+
 class TritonMoeArm(Arm):
     """GEMM1, SwiGLU, FP8 requant, GEMM2 with the route weight, top-k combine: five launches."""
 
-    default_config: TritonMoeConfig = STOCK_CONFIG
-    swap_capable: bool = False
+    fallback_config: TritonMoeConfig = STOCK_CONFIG  # where no table exists
+    swap_on_any_device: bool = False
+    tables_only_default: bool = False  # triton-default: never read the tables
 
-    def __init__(self, triton_config: str | Path | None = None):
-        self.config_file = load_config_file(triton_config) if triton_config is not None else None
+    def __init__(self, triton_config: str | Path | None = None, pdl: bool = True):
+        choice = parse_triton_config(triton_config)
+        self.pdl = bool(pdl)
+        self.force_default = choice == "default" or (choice is None and self.tables_only_default)
+        self.override: ConfigTable | None = None
+        if choice not in (None, "default"):
+            self.override = load_config_file(choice)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         try:
@@ -211,70 +156,148 @@ class TritonMoeArm(Arm):
             return f"FP8 tl.dot needs sm_89 or newer, this GPU is sm_{major}{minor}"
         return None
 
-    def select_config(self, M: int) -> tuple[TritonMoeConfig, dict]:
-        if self.config_file is None:
-            return self.default_config, {"config_source": "default"}
-        key, config = self.config_file.select(M)
-        return config, {"config_source": "file", "config_file": self.config_file.path,
-                        "config_sha256": self.config_file.sha256, "config_key": key}
+    def plan(self, fx: Fixture) -> StockPlan:
+        spec = fx.spec
+        return resolve(device_of(fx.device), E=spec.E, N=spec.N // 2, M=fx.M, K=spec.K, top_k=spec.top_k,
+                       override=self.override, force_default=self.force_default,
+                       swap_on_any_device=self.swap_on_any_device, pdl=self.pdl, default=self.fallback_config)
 
     def prepare(self, fx: Fixture) -> PreparedCall:
         reason = self.unavailable_reason(fx.device)
         if reason:
             raise UserError(f"arm {self.name!r} cannot run here: {reason}")
         tm = kernels_module()
-        spec = fx.spec
-        M, K, N, E, top_k = fx.M, spec.K, spec.N, spec.E, spec.top_k
-        config, source = self.select_config(M)
-        swap_ab = self.swap_capable and swap_ab_selected(config)
-        meta = config.as_dict()
-
-        # Untimed: the route plan on the host, moved once; every buffer allocated here.
-        plan = route_plan(fx.topk_ids, E, config.BLOCK_SIZE_M).to(fx.device)
-        buf = tm.allocate_buffers(M, top_k, K, N, fx.device)
+        plan = self.plan(fx)
+        up, down = plan.up, plan.down
+        ws = stock_workspace(fx, plan.block_m, plan.sorted_down)
+        w1, w2 = fx.w1.contiguous(), fx.w2.contiguous()
+        up_cfg, down_cfg = up.config.as_dict(), down.config.as_dict()
+        # Tensor descriptors, made once (the engines cache the weights'): boxes [1, BN, BK], [BM, BK].
+        w1_desc = tm.tensor_descriptor(w1, [1, up_cfg["BLOCK_SIZE_N"], up_cfg["BLOCK_SIZE_K"]]) if up.tma else None
+        w2_desc = tm.tensor_descriptor(w2, [1, down_cfg["BLOCK_SIZE_N"], down_cfg["BLOCK_SIZE_K"]]) if down.tma else None
+        a2_desc = tm.tensor_descriptor(ws.act_q, [plan.block_m, down_cfg["BLOCK_SIZE_K"]]) if down.tma else None
         x, x_scale = fx.x_fp8.contiguous(), fx.x_scale.contiguous()
-        w1, w1_scale, w2, w2_scale = (t.contiguous() for t in (fx.w1, fx.w1_scale, fx.w2, fx.w2_scale))
-        route_weights = fx.topk_weights.contiguous().reshape(-1)
-        h, act, act_q, act_scale, y, out = (buf[k] for k in ("h", "act", "act_q", "act_scale", "y", "out"))
-        y_slots = y.view(M * top_k, K)
-        plan_args = (plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded)
+        w1_scale, w2_scale = fx.w1_scale.contiguous(), fx.w2_scale.contiguous()
+        route_weights, top_k = ws.route_weights, fx.spec.top_k
+        plan_args = ws.plan_args
 
-        def run() -> None:
-            tm.launch_moe_gemm(tm.moebench_moe_gemm1, x, x_scale, w1, w1_scale, h, route_weights, *plan_args,
-                               a_row_div=top_k, mul_route_weight=False, swap_ab=swap_ab, config=meta)
-            tm.launch_silu_and_mul(h, act)
-            tm.launch_act_quant(act, act_q, act_scale)
-            tm.launch_moe_gemm(tm.moebench_moe_gemm2, act_q, act_scale, w2, w2_scale, y_slots, route_weights,
-                               *plan_args, a_row_div=1, mul_route_weight=True, swap_ab=swap_ab, config=meta)
-            tm.launch_combine(y, out)
+        def gemm1() -> None:
+            tm.launch_moe_gemm(tm.moebench_moe_gemm1, x, x_scale, w1, w1_scale, ws.h, route_weights, *plan_args,
+                               a_row_div=top_k, mul_route_weight=False, swap_ab=up.swap_ab, config=up_cfg,
+                               c_sorted=ws.sorted, w_desc=w1_desc, pdl=up.pdl, pdl_early=up.pdl_early)
 
+        def gemm2() -> None:
+            tm.launch_moe_gemm(tm.moebench_moe_gemm2, ws.act_q, ws.act_scale, w2, w2_scale, ws.y_slots,
+                               route_weights, *plan_args, a_row_div=1, mul_route_weight=True, swap_ab=down.swap_ab,
+                               config=down_cfg, a_sorted=ws.sorted, a_desc=a2_desc, w_desc=w2_desc,
+                               pdl=down.pdl, pdl_early=down.pdl_early)
+
+        run = ws.path(gemm1, gemm2)
         if fx.device.type == "cuda":  # compile all five now, untimed
+            if up.tma or down.tma:
+                tm.set_tma_allocator()
             run()
             torch.cuda.synchronize(fx.device)
 
         import triton
         identity = {
-            "config": meta, **source,
-            "swap_ab": swap_ab,
-            "swap_ab_rule": SWAP_AB_RULE if self.swap_capable else "never",
-            "route_plan_capacity": int(plan.sorted_token_ids.numel()),
+            **plan.identity,
+            "config": up_cfg, "down_config": down_cfg,
+            "swap_ab": up.swap_ab, "down_swap_ab": down.swap_ab,
+            "swap_ab_rule": SWAP_AB_RULE + (" (the SM90 condition dropped)" if self.swap_on_any_device else ""),
+            "tma": up.tma, "down_tma": down.tma, "pdl": up.pdl, "pdl_early": up.pdl_early,
+            "down_pdl_early": down.pdl_early, **ws.identity,
             "triton": triton.__version__,
             "interpreted": bool(tm.INTERPRETED),
             "kernel_source_sha256": _kernel_source_sha256(),
         }
-        return PreparedCall(arm=self.name, run=run, output=out, kernels=TRITON_KERNELS, identity=identity,
-                            oracle="bf16-intermediates")
+        return PreparedCall(arm=self.name, run=run, output=ws.out, kernels=TRITON_KERNELS, identity=identity,
+                            oracle="bf16-intermediates", workspace=ws)
+
+
+@dataclass
+class StockWorkspace:
+    """What a prepared stock-path call owns besides its weights: the route plan, sized as the
+    engines size it, and the intermediates, in slot order or (`sorted`) in route-plan order."""
+
+    plan: RoutePlan
+    sorted: bool
+    buffers: dict[str, torch.Tensor]
+    route_weights: torch.Tensor  # [S] fp32
+
+    def __getattr__(self, name):  # ws.h, ws.act, ws.act_q, ws.act_scale, ws.y, ws.out
+        try:
+            return self.__dict__["buffers"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def y_slots(self) -> torch.Tensor:
+        return self.y.view(-1, self.y.shape[-1])
+
+    @property
+    def plan_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.plan.sorted_token_ids, self.plan.expert_ids, self.plan.num_tokens_post_padded
+
+    @property
+    def row_plan(self):
+        """What the row kernels read in plan order: sorted slots, padded total, slot count."""
+        return (self.plan.sorted_token_ids, self.plan.num_tokens_post_padded, self.plan.num_slots) \
+            if self.sorted else None
+
+    @property
+    def identity(self) -> dict:
+        return {"sorted_intermediate": self.sorted, "route_plan_capacity": int(self.plan.sorted_token_ids.numel()),
+                "intermediate_rows": int(self.h.shape[0])}
+
+    def path(self, gemm1, gemm2):
+        """run(): GEMM1, SwiGLU, requant, GEMM2, combine, with the two GEMMs given."""
+        tm = kernels_module()
+        h, act, act_q, act_scale, y, out, row_plan = (self.h, self.act, self.act_q, self.act_scale, self.y,
+                                                      self.out, self.row_plan)
+
+        def run() -> None:
+            gemm1()
+            tm.launch_silu_and_mul(h, act, row_plan)
+            tm.launch_act_quant(act, act_q, act_scale, row_plan)
+            gemm2()
+            tm.launch_combine(y, out)
+        return run
+
+
+def stock_workspace(fx: Fixture, block_m: int, sorted_down: bool) -> StockWorkspace:
+    """Untimed: the route plan built on the host and moved once, every buffer allocated."""
+    spec = fx.spec
+    S = fx.M * spec.top_k
+    plan = route_plan(fx.topk_ids, spec.E, block_m, capacity=engine_plan_capacity(S, spec.E, block_m))
+    rows = sorted_rows(S, spec.E, block_m, sorted_down)
+    buffers = kernels_module().allocate_buffers(fx.M, spec.top_k, spec.K, spec.N, fx.device, rows=rows)
+    return StockWorkspace(plan.to(fx.device), sorted_down, buffers, fx.topk_weights.contiguous().reshape(-1))
 
 
 @register_arm("triton")
 class StockTritonArm(TritonMoeArm):
     name = "triton"
-    description = "stock Triton path (vLLM/SGLang): GEMM1, SwiGLU, FP8 requant, GEMM2, combine"
+    description = ("stock Triton path as the engines launch it here: their tuned tables (up and down), plan "
+                   "sizing, swap-AB rule, TMA and PDL")
+
+
+@register_arm("triton-default")
+class DefaultTritonArm(TritonMoeArm):
+    name = "triton-default"
+    description = "stock Triton path with the engines' untuned default config (BM64/BN128/BK128, group-M 32)"
+    tables_only_default = True
 
 
 @register_arm("triton-swapab")
 class SwapABTritonArm(TritonMoeArm):
     name = "triton-swapab"
-    description = "stock Triton path, GEMMs as W^T.A^T when BLOCK_SIZE_M < 64 (SGLang's swap-AB rule)"
-    default_config = SWAPAB_DEFAULT_CONFIG
-    swap_capable = True
+    description = "stock Triton path with the swap-AB rule on any device (BM 16 where no table exists)"
+    fallback_config = SWAPAB_DEFAULT_CONFIG
+    swap_on_any_device = True
+
+    def default_skip_reason(self, device: torch.device) -> str | None:
+        device = torch.device(device)
+        if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
+            return "launches what `triton` launches on SM90"
+        return None

@@ -17,6 +17,17 @@ weights take the wide (M) side of the tensor-core instruction when the per-exper
 tokens is small (BLOCK_SIZE_M < 64; Hopper's wgmma is 64 rows tall), and transposes the
 accumulator back before the epilogue.
 
+The launch paths the engines use on Hopper (engine_config.py says when):
+  * W_TMA loads the weight tiles through a tensor descriptor (the bulk copy engine) instead of
+    per-thread loads.
+  * The sorted intermediate: GEMM1 writes h in route-plan order (C_SORTED), SwiGLU and the
+    requant run over those rows (rows past the padded total skipped, padding rows zeroed), and
+    GEMM2 reads its A tiles through a descriptor (A_SORTED, A_TMA): one block of plan rows is
+    one contiguous box.
+  * PDL: a GEMM launched with programmatic dependent launch may start while its predecessor
+    finishes; it waits for the predecessor's writes first (USE_GDC), and with GDC_EARLY lets its
+    own successor start at once.
+
 Each kernel is a `moebench_moe_*` function: CUPTI reports a Triton kernel by its Python name,
 and the arms declare these names as the kernels a sample must contain.
 
@@ -76,10 +87,11 @@ def _exact_e4m3(y, ROUND_IN_FP32: tl.constexpr):
 
 @triton.jit
 def _moe_gemm_tile(
-    # Operands: A rows are tokens (GEMM1: x, one row per token, read by slot // A_ROW_DIV) or
-    # slots (GEMM2: the requantized intermediate); W is [E, N, K] with K contiguous.
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
-    # C is [S, N] bf16, one row per slot; route weights are [S] fp32 (topk_weights, flattened).
+    # Operands: A rows are tokens (GEMM1: x, one row per token, read by slot // A_ROW_DIV), slots
+    # (GEMM2: the requantized intermediate) or route-plan positions (A_SORTED); W is [E, N, K]
+    # with K contiguous. a_desc / w_desc are their tensor descriptors when A_TMA / W_TMA.
+    a_ptr, a_desc, a_scale_ptr, w_ptr, w_desc, w_scale_ptr,
+    # C is [rows, N] bf16, one row per slot (or per plan position, C_SORTED); route weights [S].
     c_ptr, route_weight_ptr,
     # The route plan: slot ids grouped by expert, one expert per block, the padded total.
     sorted_slots_ptr, block_expert_ptr, padded_total_ptr,
@@ -91,11 +103,21 @@ def _moe_gemm_tile(
     A_ROW_DIV: tl.constexpr,  # top_k for GEMM1 (a slot reads its token's row), 1 for GEMM2
     MUL_ROUTE_WEIGHT: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    A_SORTED: tl.constexpr, C_SORTED: tl.constexpr,  # A / C rows in route-plan order
+    A_TMA: tl.constexpr, W_TMA: tl.constexpr,  # loads through tensor descriptors
+    USE_GDC: tl.constexpr, GDC_EARLY: tl.constexpr,  # launched with PDL; release dependents at entry
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     GROUP: tl.constexpr,  # QUANT_GROUP
     ROUND_IN_FP32: tl.constexpr,  # True only under the interpreter, see _exact_bf16
 ):
+    # Launched with PDL this program may start while the previous kernel still runs: wait for
+    # its writes before reading anything it wrote.
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+        if GDC_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
+
     # Programs are ordered in groups of GROUP_SIZE_M row-blocks, so the programs in flight
     # share the weight slices they read from L2 (Triton tutorial 03).
     pid = tl.program_id(axis=0)
@@ -108,16 +130,20 @@ def _moe_gemm_tile(
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
 
-    # The grid covers the plan's worst-case capacity, as the engines launch it; blocks past the
-    # padded total hold no slots and leave at once.
+    # The grid covers the plan's capacity, as the engines launch it; blocks past the padded
+    # total hold no slots and leave at once.
     if pid_m * BLOCK_SIZE_M >= tl.load(padded_total_ptr):
         return
 
-    offs_plan = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_plan = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M).to(tl.int64)
     slot = tl.load(sorted_slots_ptr + offs_plan).to(tl.int64)
     slot_mask = slot < num_slots  # padding entries hold the sentinel num_slots
-    a_row = slot // A_ROW_DIV
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if A_SORTED:
+        a_row = offs_plan
+    else:
+        a_row = slot // A_ROW_DIV
+    expert32 = tl.load(block_expert_ptr + pid_m)
+    expert = expert32.to(tl.int64)
 
     offs_n = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N).to(tl.int64)) % N
     offs_k = tl.arange(0, BLOCK_SIZE_K)
@@ -137,8 +163,14 @@ def _moe_gemm_tile(
     # Per step: reads BM*BK + BN*BK FP8 bytes and BM + (1 or BN) FP32 scales; 2*BM*BN*BK FLOPs.
     # Over the loop: one expert's BN x K weight slice (BN*K bytes) and BM token rows (BM*K bytes).
     for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-        a = tl.load(a_ptrs, mask=slot_mask[:, None], other=0.0)
-        w = tl.load(w_ptrs)
+        if A_TMA:
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
+        else:
+            a = tl.load(a_ptrs, mask=slot_mask[:, None], other=0.0)
+        if W_TMA:
+            w = w_desc.load([expert32, pid_n * BLOCK_SIZE_N, k * BLOCK_SIZE_K]).reshape(BLOCK_SIZE_N, BLOCK_SIZE_K).T
+        else:
+            w = tl.load(w_ptrs)
         group_k = (k * BLOCK_SIZE_K) // GROUP
         a_scale = tl.load(a_scale_ptrs + group_k, mask=slot_mask, other=0.0)
         w_scale = tl.load(w_scale_ptrs + group_k)
@@ -163,47 +195,55 @@ def _moe_gemm_tile(
         route_weight = tl.load(route_weight_ptr + slot, mask=slot_mask, other=0.0)
         acc = acc * route_weight[:, None]
 
-    # Epilogue: BM*BN bf16 stores, scattered to the slots' rows.
+    # Epilogue: BM*BN bf16 stores, scattered to the slots' rows (or the plan's rows, in order).
+    if C_SORTED:
+        c_row = offs_plan
+    else:
+        c_row = slot
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    c_ptrs = c_ptr + slot[:, None] * stride_cm + offs_cn[None, :]
+    c_ptrs = c_ptr + c_row[:, None] * stride_cm + offs_cn[None, :]
     tl.store(c_ptrs, _exact_bf16(acc, ROUND_IN_FP32).to(c_ptr.dtype.element_ty),
              mask=slot_mask[:, None] & (offs_cn[None, :] < N))
 
 
 @triton.jit
 def moebench_moe_gemm1(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+    a_ptr, a_desc, a_scale_ptr, w_ptr, w_desc, w_scale_ptr, c_ptr, route_weight_ptr,
     sorted_slots_ptr, block_expert_ptr, padded_total_ptr,
     N, K, num_slots, capacity,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
     A_ROW_DIV: tl.constexpr, MUL_ROUTE_WEIGHT: tl.constexpr, SWAP_AB: tl.constexpr,
+    A_SORTED: tl.constexpr, C_SORTED: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+    USE_GDC: tl.constexpr, GDC_EARLY: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
 ):
     """Gate/up projection: h[slot] = x[token] . W1[e]^T, blockwise dequantized, bf16 out."""
-    _moe_gemm_tile(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+    _moe_gemm_tile(a_ptr, a_desc, a_scale_ptr, w_ptr, w_desc, w_scale_ptr, c_ptr, route_weight_ptr,
                    sorted_slots_ptr, block_expert_ptr, padded_total_ptr, N, K, num_slots, capacity,
                    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
-                   A_ROW_DIV, MUL_ROUTE_WEIGHT, SWAP_AB, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                   GROUP_SIZE_M, GROUP, ROUND_IN_FP32)
+                   A_ROW_DIV, MUL_ROUTE_WEIGHT, SWAP_AB, A_SORTED, C_SORTED, A_TMA, W_TMA, USE_GDC, GDC_EARLY,
+                   BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, GROUP, ROUND_IN_FP32)
 
 
 @triton.jit
 def moebench_moe_gemm2(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+    a_ptr, a_desc, a_scale_ptr, w_ptr, w_desc, w_scale_ptr, c_ptr, route_weight_ptr,
     sorted_slots_ptr, block_expert_ptr, padded_total_ptr,
     N, K, num_slots, capacity,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
     A_ROW_DIV: tl.constexpr, MUL_ROUTE_WEIGHT: tl.constexpr, SWAP_AB: tl.constexpr,
+    A_SORTED: tl.constexpr, C_SORTED: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+    USE_GDC: tl.constexpr, GDC_EARLY: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
 ):
     """Down projection: y[slot] = w_route[slot] * a_q[slot] . W2[e]^T, bf16 out."""
-    _moe_gemm_tile(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, route_weight_ptr,
+    _moe_gemm_tile(a_ptr, a_desc, a_scale_ptr, w_ptr, w_desc, w_scale_ptr, c_ptr, route_weight_ptr,
                    sorted_slots_ptr, block_expert_ptr, padded_total_ptr, N, K, num_slots, capacity,
                    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
-                   A_ROW_DIV, MUL_ROUTE_WEIGHT, SWAP_AB, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                   GROUP_SIZE_M, GROUP, ROUND_IN_FP32)
+                   A_ROW_DIV, MUL_ROUTE_WEIGHT, SWAP_AB, A_SORTED, C_SORTED, A_TMA, W_TMA, USE_GDC, GDC_EARLY,
+                   BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, GROUP, ROUND_IN_FP32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,21 +252,36 @@ def moebench_moe_gemm2(
 
 
 @triton.jit
+def _row_holds_slot(row, sorted_slots_ptr, num_slots, cols):
+    """Whether a row of the intermediate in plan order holds a token slot, as a mask shaped like
+    `cols`: padding rows do not, and are written as zeros (GEMM2 reads them, masked)."""
+    return (tl.zeros_like(cols) + tl.load(sorted_slots_ptr + row)) < num_slots
+
+
+@triton.jit
 def moebench_moe_silu_and_mul(
-    h_ptr, out_ptr,  # h [S, 2I] bf16, gate columns then up columns; out [S, I] bf16
+    h_ptr, out_ptr,  # h [rows, 2I] bf16, gate columns then up columns; out [rows, I] bf16
+    sorted_slots_ptr, padded_total_ptr, num_slots,  # the route plan, read when SORTED
     I, stride_h, stride_out,
+    SORTED: tl.constexpr,  # rows in route-plan order (the sorted layout of the TMA down GEMM)
     BLOCK_SIZE: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
 ):
     """out = silu(gate) * up, in FP32, rounded to bf16 once.
 
-    One program per (slot, BLOCK_SIZE columns): reads 4*BLOCK_SIZE bytes, writes 2*BLOCK_SIZE,
+    One program per (row, BLOCK_SIZE columns): reads 4*BLOCK_SIZE bytes, writes 2*BLOCK_SIZE,
     about 5 FLOPs and one exp per element: bound by memory.
     """
     row = tl.program_id(axis=0).to(tl.int64)
+    if SORTED:
+        if row >= tl.load(padded_total_ptr):  # rows past the plan's padded total are never read
+            return
     cols = tl.program_id(axis=1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = cols < I
-    gate = tl.load(h_ptr + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(h_ptr + row * stride_h + I + cols, mask=mask, other=0.0).to(tl.float32)
+    load_mask = mask
+    if SORTED:
+        load_mask = mask & _row_holds_slot(row, sorted_slots_ptr, num_slots, cols)
+    gate = tl.load(h_ptr + row * stride_h + cols, mask=load_mask, other=0.0).to(tl.float32)
+    up = tl.load(h_ptr + row * stride_h + I + cols, mask=load_mask, other=0.0).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * stride_out + cols, _exact_bf16(out, ROUND_IN_FP32).to(out_ptr.dtype.element_ty),
              mask=mask)
@@ -234,8 +289,10 @@ def moebench_moe_silu_and_mul(
 
 @triton.jit
 def moebench_moe_act_quant(
-    x_ptr, q_ptr, scale_ptr,  # x [S, D] bf16 -> q [S, D] e4m3 and scale [S, D / GROUP] fp32
+    x_ptr, q_ptr, scale_ptr,  # x [rows, D] bf16 -> q [rows, D] e4m3 and scale [rows, D / GROUP] fp32
+    sorted_slots_ptr, padded_total_ptr, num_slots,  # the route plan, read when SORTED
     groups_per_row, stride_x, stride_q, stride_s,
+    SORTED: tl.constexpr,  # rows in route-plan order
     GROUP: tl.constexpr,
     ROUND_IN_FP32: tl.constexpr,  # True only under the interpreter, see _exact_e4m3
 ):
@@ -245,9 +302,17 @@ def moebench_moe_act_quant(
     """
     pid = tl.program_id(axis=0).to(tl.int64)
     row = pid // groups_per_row
+    if SORTED:
+        if row >= tl.load(padded_total_ptr):
+            return
     col0 = (pid % groups_per_row) * GROUP
     cols = col0 + tl.arange(0, GROUP)
-    x = tl.load(x_ptr + row * stride_x + cols).to(tl.float32)
+    if SORTED:
+        x = tl.load(x_ptr + row * stride_x + cols,
+                    mask=_row_holds_slot(row, sorted_slots_ptr, num_slots, cols), other=0.0)
+    else:
+        x = tl.load(x_ptr + row * stride_x + cols)
+    x = x.to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 448.0, 1e-10)
     y = tl.clamp(x / scale, -448.0, 448.0)
     tl.store(q_ptr + row * stride_q + cols, _exact_e4m3(y, ROUND_IN_FP32).to(q_ptr.dtype.element_ty))
@@ -288,14 +353,17 @@ KERNEL_NAMES = ("moebench_moe_gemm1", "moebench_moe_silu_and_mul", "moebench_moe
 # ----------------------------------------------------------------------------------------------
 
 
-def allocate_buffers(M: int, top_k: int, K: int, N: int, device) -> dict[str, torch.Tensor]:
-    """Every intermediate of the path, like the engines' intermediate caches, and the output."""
+def allocate_buffers(M: int, top_k: int, K: int, N: int, device, rows: int | None = None) -> dict[str, torch.Tensor]:
+    """Every intermediate of the path, like the engines' intermediate caches, and the output.
+    `rows`: rows of the GEMM1-to-GEMM2 intermediates (default one per slot; more in the sorted
+    layout, see engine_config.sorted_rows)."""
     S, I = M * top_k, N // 2
+    rows = S if rows is None else rows
     return {
-        "h": torch.empty(S, N, dtype=torch.bfloat16, device=device),
-        "act": torch.empty(S, I, dtype=torch.bfloat16, device=device),
-        "act_q": torch.empty(S, I, dtype=torch.float8_e4m3fn, device=device),
-        "act_scale": torch.empty(S, I // QUANT_GROUP, dtype=torch.float32, device=device),
+        "h": torch.empty(rows, N, dtype=torch.bfloat16, device=device),
+        "act": torch.empty(rows, I, dtype=torch.bfloat16, device=device),
+        "act_q": torch.empty(rows, I, dtype=torch.float8_e4m3fn, device=device),
+        "act_scale": torch.empty(rows, I // QUANT_GROUP, dtype=torch.float32, device=device),
         "y": torch.empty(M, top_k, K, dtype=torch.bfloat16, device=device),
         "out": torch.empty(M, K, dtype=torch.bfloat16, device=device),
     }
@@ -307,16 +375,45 @@ def _check_rowmajor(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must have a contiguous last dimension, strides {t.stride()}")
 
 
+def tensor_descriptor(t: torch.Tensor, block: list[int]):
+    """A host-side TMA descriptor of `t` with box `block` (Triton's TensorDescriptor)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+
+
+def set_tma_allocator() -> None:
+    """Triton asks a global allocator for descriptor scratch; give it torch's (once)."""
+    global _TMA_ALLOCATOR_SET
+    if not _TMA_ALLOCATOR_SET:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+        _TMA_ALLOCATOR_SET = True
+
+
+_TMA_ALLOCATOR_SET = False
+
+
+def tensor_descriptors_available() -> bool:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def launch_moe_gemm(kernel, a, a_scale, w, w_scale, c, route_weights, sorted_slots, block_experts,
                     padded_total, *, a_row_div: int, mul_route_weight: bool, swap_ab: bool,
-                    config: dict) -> None:
+                    config: dict, a_sorted: bool = False, c_sorted: bool = False, a_desc=None, w_desc=None,
+                    pdl: bool = False, pdl_early: bool = False) -> None:
     """c[slot] = (a[slot // a_row_div] . w[e]^T) [* route weight], for the slots of a route plan.
 
     a [rows, K] e4m3, a_scale [rows, K/128]; w [E, N, K] e4m3, w_scale [E, N/128, K/128];
-    c [S, N] (any 2-D view with unit inner stride); route_weights [S] fp32.
+    c [rows, N] (any 2-D view with unit inner stride); route_weights [S] fp32. With `a_sorted`
+    / `c_sorted` the rows of a / c are route-plan positions. `a_desc`, `w_desc`: tensor
+    descriptors of a and w (boxes [BM, BK] and [1, BN, BK]) to load through. `pdl`: launch with
+    programmatic dependent launch (the kernel waits for its predecessor's writes itself).
     """
     E, N, K = w.shape
-    S = c.shape[0]
+    S = route_weights.numel()
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     if a.shape[1] != K or c.shape[1] != N:
         raise ValueError(f"GEMM shapes disagree: a {tuple(a.shape)}, w {tuple(w.shape)}, c {tuple(c.shape)}")
@@ -324,20 +421,27 @@ def launch_moe_gemm(kernel, a, a_scale, w, w_scale, c, route_weights, sorted_slo
         raise ValueError(f"BLOCK_SIZE_K={bk} must divide {QUANT_GROUP} and K={K}")
     if a_scale.shape[1] != K // QUANT_GROUP or w_scale.shape[1:] != (N // QUANT_GROUP, K // QUANT_GROUP):
         raise ValueError("scale shapes do not match 128-wide groups")
-    if sorted_slots.numel() % bm:
-        raise ValueError(f"route plan capacity {sorted_slots.numel()} is not a multiple of BLOCK_SIZE_M={bm}")
+    if block_experts.numel() != triton.cdiv(sorted_slots.numel(), bm):
+        raise ValueError(f"route plan of {sorted_slots.numel()} slots and {block_experts.numel()} blocks "
+                         f"is not a plan for BLOCK_SIZE_M={bm}")
+    if (a_desc is not None) and not a_sorted:
+        raise ValueError("a tensor descriptor of A needs A in route-plan order")
     _check_rowmajor(a=a, a_scale=a_scale, w=w, w_scale=w_scale, c=c)
     capacity = sorted_slots.numel()
     grid = (triton.cdiv(capacity, bm) * triton.cdiv(N, bn),)
+    launch = {"launch_pdl": True} if pdl else {}
     kernel[grid](
-        a, a_scale, w, w_scale, c, route_weights, sorted_slots, block_experts, padded_total,
+        a, a if a_desc is None else a_desc, a_scale, w, w if w_desc is None else w_desc, w_scale,
+        c, route_weights, sorted_slots, block_experts, padded_total,
         N, K, S, capacity,
         a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
         c.stride(0),
         A_ROW_DIV=a_row_div, MUL_ROUTE_WEIGHT=mul_route_weight, SWAP_AB=swap_ab,
+        A_SORTED=a_sorted, C_SORTED=c_sorted, A_TMA=a_desc is not None, W_TMA=w_desc is not None,
+        USE_GDC=pdl, GDC_EARLY=pdl and pdl_early,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
         GROUP=QUANT_GROUP, ROUND_IN_FP32=INTERPRETED,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **launch,
     )
 
 
@@ -346,26 +450,31 @@ def elementwise_block(n: int) -> int:
     return min(triton.next_power_of_2(n), 1024)
 
 
-def launch_silu_and_mul(h: torch.Tensor, act: torch.Tensor) -> None:
-    S, I = act.shape
-    if h.shape != (S, 2 * I):
-        raise ValueError(f"h {tuple(h.shape)} must be [S, 2I] for act {tuple(act.shape)}")
+def launch_silu_and_mul(h: torch.Tensor, act: torch.Tensor, plan=None) -> None:
+    """act = silu(gate) * up, row by row. `plan` = (sorted slots, padded total, slot count) when
+    the rows are in route-plan order."""
+    rows, I = act.shape
+    if h.shape != (rows, 2 * I):
+        raise ValueError(f"h {tuple(h.shape)} must be [rows, 2I] for act {tuple(act.shape)}")
     _check_rowmajor(h=h, act=act)
     block = elementwise_block(I)
-    moebench_moe_silu_and_mul[(S, triton.cdiv(I, block))](h, act, I, h.stride(0), act.stride(0),
-                                                          BLOCK_SIZE=block, ROUND_IN_FP32=INTERPRETED,
-                                                          num_warps=4)
+    sorted_slots, padded_total, num_slots = plan if plan is not None else (h, h, rows)
+    moebench_moe_silu_and_mul[(rows, triton.cdiv(I, block))](
+        h, act, sorted_slots, padded_total, num_slots, I, h.stride(0), act.stride(0),
+        SORTED=plan is not None, BLOCK_SIZE=block, ROUND_IN_FP32=INTERPRETED, num_warps=4)
 
 
-def launch_act_quant(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+def launch_act_quant(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, plan=None) -> None:
     S, D = x.shape
     if D % QUANT_GROUP or q.shape != x.shape or scale.shape != (S, D // QUANT_GROUP):
         raise ValueError(f"quant shapes disagree: x {tuple(x.shape)}, q {tuple(q.shape)}, scale {tuple(scale.shape)}")
     _check_rowmajor(x=x, q=q, scale=scale)
     groups = D // QUANT_GROUP
+    sorted_slots, padded_total, num_slots = plan if plan is not None else (x, x, S)
     # One warp per group of 128, as the engines' per_token_group_quant_fp8 launches it.
-    moebench_moe_act_quant[(S * groups,)](x, q, scale, groups, x.stride(0), q.stride(0), scale.stride(0),
-                                          GROUP=QUANT_GROUP, ROUND_IN_FP32=INTERPRETED,
+    moebench_moe_act_quant[(S * groups,)](x, q, scale, sorted_slots, padded_total, num_slots,
+                                          groups, x.stride(0), q.stride(0), scale.stride(0),
+                                          SORTED=plan is not None, GROUP=QUANT_GROUP, ROUND_IN_FP32=INTERPRETED,
                                           num_warps=1, num_stages=1)
 
 
