@@ -8,6 +8,7 @@ arm is faster), with its range and the number of rounds the arm won.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from statistics import median
 from typing import Iterable, Mapping, Sequence
 
@@ -40,7 +41,7 @@ def fraction_of(bandwidth: float, reference: float | None) -> float | None:
 def arm_summary(shape: str, arm: str, samples: Sequence[Sample], hbm_bytes: int,
                 read_bandwidth_bytes_per_s: float | None = None,
                 rows: Mapping[int, float] | None = None) -> ArmSummary:
-    """Summary of one arm at one shape from its samples (value_ns: gpu_sum or events);
+    """Summary of one arm at one shape from its samples (value_ns: gpu_busy or events);
     `rows`, when the caller already has them, are that arm's rows_by_round."""
     if not samples:
         raise ValueError(f"no samples for {arm} at {shape}")
@@ -48,12 +49,14 @@ def arm_summary(shape: str, arm: str, samples: Sequence[Sample], hbm_bytes: int,
         rows = rows_by_round((s.round, s.value_ns) for s in samples)
     med = arm_median(rows)
     spans = [s.gpu_span_ns for s in samples if s.kernels]
+    sums = rows_by_round((s.round, s.gpu_sum_ns) for s in samples if s.kernels)
     bw = bandwidth_bytes_per_s(hbm_bytes, med)
     return ArmSummary(
         shape=shape, arm=arm, median_ns=med, row_medians_ns=tuple(rows.values()),
         min_ns=min(rows.values()), max_ns=max(rows.values()), samples=len(samples),
         span_median_ns=float(median(spans)) if spans else None,
         hbm_bandwidth_bytes_per_s=bw, fraction_of_read_bandwidth=fraction_of(bw, read_bandwidth_bytes_per_s),
+        sum_median_ns=arm_median(sums) if sums else None,
     )
 
 
@@ -109,3 +112,104 @@ def with_ref(result, ref: str):
                           {f.name: f.floors.hbm_bytes for f in result.fixtures},
                           result.provenance.gpu.read_bandwidth_bytes_per_s)
     return replace(result, settings=replace(result.settings, ref=ref), ratios=ratios)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-kernel durations, and the stock arm against its referee.
+# ----------------------------------------------------------------------------------------------
+
+REFEREES = {"triton": "sglang"}  # stock arm -> the engine arm that referees it
+REFEREE_TOLERANCE = 0.03  # DESIGN: a stock arm is within 3% of its referee
+
+
+def kernel_labels(names: Sequence[str], declared) -> list[str | None]:
+    """The declared label of each kernel (in start order): each kernel goes to the first
+    declaration that matches it and still has room, as the audit assigns them."""
+    import re
+    room = [d.count for d in declared]
+    labels: list[str | None] = []
+    for name in names:
+        for i, d in enumerate(declared):
+            if room[i] > 0 and re.search(d.pattern, name):
+                room[i] -= 1
+                labels.append(d.label)
+                break
+        else:
+            labels.append(None)
+    return labels
+
+
+@dataclass(frozen=True)
+class KernelSummary:
+    """One declared kernel of one arm at one shape: median over rounds of its round medians."""
+
+    shape: str
+    arm: str
+    label: str
+    median_ns: float
+    rows_ns: tuple[float, ...]
+
+
+def kernel_summaries(result) -> tuple[KernelSummary, ...]:
+    """Every declared kernel's duration, from the samples whose kernels are exactly the declared
+    ones (CUPTI runs; none for events runs)."""
+    declared = {(a.shape, a.name): a.kernels for a in result.arms}
+    per: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
+    for s in result.samples:
+        decl = declared.get((s.shape, s.arm))
+        if not decl or not s.kernels:
+            continue
+        ks = sorted(s.kernels, key=lambda k: k.start_ns)
+        labels = kernel_labels([k.name for k in ks], decl)
+        if None in labels or len(ks) != sum(d.count for d in decl):
+            continue
+        for k, label in zip(ks, labels):
+            per[(s.shape, s.arm, label)].append((s.round, k.duration_ns))
+    out = []
+    for (shape, arm, label), values in per.items():
+        rows = rows_by_round(values)
+        out.append(KernelSummary(shape, arm, label, arm_median(rows), tuple(rows.values())))
+    order = {(a.shape, a.name): i for i, a in enumerate(result.arms)}
+    return tuple(sorted(out, key=lambda k: order.get((k.shape, k.arm), 0)))
+
+
+@dataclass(frozen=True)
+class RefereeCheck:
+    """A stock arm against its referee at one shape: time ratios arm / referee (> 1: the stock
+    arm is slower), paired by round for the call, of medians for each kernel both declare."""
+
+    shape: str
+    arm: str
+    referee: str
+    call_ratio: float
+    kernel_ratios: dict[str, float]
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        """The call and each GEMM within the tolerance (the other kernels are the same code in both)."""
+        gemms = [r for label, r in self.kernel_ratios.items() if label.startswith("gemm")]
+        return all(abs(r - 1.0) <= self.tolerance for r in (self.call_ratio, *gemms))
+
+
+def referee_checks(result, tolerance: float = REFEREE_TOLERANCE) -> tuple[RefereeCheck, ...]:
+    """Each stock arm of the run against its referee, where both ran at a shape."""
+    by_unit: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for s in result.samples:
+        by_unit[(s.shape, s.arm)].append((s.round, s.value_ns))
+    kernels = {(k.shape, k.arm, k.label): k.median_ns for k in kernel_summaries(result)}
+    checks = []
+    for shape in result.settings.shapes:
+        for arm, referee in REFEREES.items():
+            if not by_unit.get((shape, arm)) or not by_unit.get((shape, referee)):
+                continue
+            arm_rows, ref_rows = rows_by_round(by_unit[(shape, arm)]), rows_by_round(by_unit[(shape, referee)])
+            rounds = sorted(set(arm_rows) & set(ref_rows))
+            if not rounds:
+                continue
+            call = float(median(arm_rows[r] / ref_rows[r] for r in rounds))
+            labels = [lab for (sh, a, lab) in kernels if sh == shape and a == arm and (shape, referee, lab) in kernels]
+            checks.append(RefereeCheck(shape, arm, referee, call,
+                                       {lab: kernels[(shape, arm, lab)] / kernels[(shape, referee, lab)]
+                                        for lab in labels}, tolerance))
+    return tuple(checks)

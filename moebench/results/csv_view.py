@@ -55,7 +55,7 @@ def _row(**cells) -> dict:
 
 
 def _sample_rows(result: RunResult) -> Iterator[dict]:
-    metric = "events" if result.settings.timer == "events" else "gpu_sum"
+    metric = "events" if result.settings.timer == "events" else "gpu_busy"
     for s in result.samples:
         yield _row(kind="sample", shape=s.shape, arm=s.arm, round=s.round, index=s.index,
                    metric=metric, unit="ns", value=s.value_ns,

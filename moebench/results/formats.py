@@ -16,9 +16,21 @@ Renderer = Callable[[RunResult, TextIO, Sequence[Image]], None]
 
 
 def _table(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
-
     from moebench.results.tables import make_console, print_tables
     print_tables(result, make_console(out))
+
+
+def _kernels(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+    from moebench.results.tables import kernel_table, make_console, referee_table
+    from moebench.stats import kernel_summaries, referee_checks
+    console = make_console(out)
+    kernels = kernel_summaries(result)
+    if not kernels:
+        console.print(f"no per-kernel durations: this run was timed by {result.settings.timer}, not CUPTI records")
+        return
+    for table in (kernel_table(kernels), referee_table(referee_checks(result))):
+        if table is not None:
+            console.print(table)
 
 
 def _markdown(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
@@ -43,6 +55,7 @@ def _json(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
 
 FORMATS: dict[str, Renderer] = {
     "table": _table,
+    "kernels": _kernels,
     "markdown": _markdown,
     "summary": _summary,
     "csv": _csv,

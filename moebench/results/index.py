@@ -65,7 +65,7 @@ class ResultIndex:
     @property
     def timed_value(self) -> str:
         """What a sample's value is: the name the views print for it."""
-        return "events" if self.settings.timer == "events" else "gpu_sum"
+        return "events" if self.settings.timer == "events" else "gpu_busy"
 
 
 def _ordered(preferred: tuple[str, ...], seen) -> tuple[str, ...]:

@@ -32,7 +32,8 @@ FLUSH_WORDS = {
     "none": lambda s: "L2 not flushed (warm)",
 }
 TIMER_WORDS = {
-    "cupti": "timed as the sum of its kernels' durations from CUPTI records (gpu_sum)",
+    "cupti": ("timed as the GPU time of its kernels from CUPTI records (gpu_busy: the union of their "
+              "intervals, the sum of their durations where they do not overlap)"),
     "events": "timed with CUDA events around the call (not CUPTI: launch gaps included)",
 }
 
@@ -51,7 +52,7 @@ def method_sentence(s: Settings) -> str:
 def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
     ix = ResultIndex(result)
     parts = [_title(ix), _warnings(ix), _summary_table(ix), method_sentence(result.settings),
-             _per_round_table(ix), _images(images), _provenance(ix), _reproduce(ix)]
+             referee_markdown(result), _per_round_table(ix), _images(images), _provenance(ix), _reproduce(ix)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -110,6 +111,22 @@ def _summary_table(ix: ResultIndex) -> str:
             cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
             rows.append(cells)
     return _table(header, "llrrrrrrrr" + ("r" if builds else ""), rows)
+
+
+def referee_markdown(result: RunResult) -> str:
+    """The stock arm against its referee, where the run has both (moebench.stats.referee_checks)."""
+    from moebench.stats import referee_checks
+    checks = referee_checks(result)
+    if not checks:
+        return ""
+    labels = sorted({lab for c in checks for lab in c.kernel_ratios}, key=lambda x: (not x.startswith("gemm"), x))
+    rows = [[c.shape, f"`{c.arm}`", f"`{c.referee}`", f"{c.call_ratio:.3f}",
+             *(f"{c.kernel_ratios[lab]:.3f}" if lab in c.kernel_ratios else "—" for lab in labels),
+             "within" if c.passed else "**outside**"] for c in checks]
+    table = _table(["shape", "stock arm", "referee", "call", *labels, f"±{checks[0].tolerance:.0%}"],
+                   "lllr" + "r" * len(labels) + "l", rows)
+    return ("Stock arm against its referee (time ratio stock / referee; the call paired by round, each kernel "
+            "its median of round medians):\n\n" + table)
 
 
 def _per_round_table(ix: ResultIndex) -> str:
@@ -202,5 +219,5 @@ def render_summary(result: RunResult) -> str:
     """The summary table and the method sentence alone: what a README or a PR's first
     screen shows (the full report links from there)."""
     ix = ResultIndex(result)
-    parts = [_title(ix), _warnings(ix), _summary_table(ix), method_sentence(result.settings)]
+    parts = [_title(ix), _warnings(ix), _summary_table(ix), method_sentence(result.settings), referee_markdown(result)]
     return "\n\n".join(p for p in parts if p) + "\n"

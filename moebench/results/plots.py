@@ -26,7 +26,7 @@ STYLE = {
     "svg.fonttype": "path",
 }
 METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
-TIMED = {"gpu_sum": "GPU time (sum of kernels, CUPTI)", "events": "time (CUDA events)"}
+TIMED = {"gpu_busy": "GPU time (kernels, CUPTI)", "events": "time (CUDA events)"}
 
 
 @dataclass(frozen=True)

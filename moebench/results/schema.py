@@ -5,7 +5,10 @@ Saved as JSON with `schema_version`; `load` refuses any other version with one c
 Format history:
   1 (2026-11-29) first format: provenance, settings, fixtures, arms, parity, raw samples
     (CUPTI kernel records or event times), per-round clocks, audit, statistics.
-    Later defaulted fields (older files read with the default): build_parity (`--build`).
+    Later defaulted fields (older files read with the default): build_parity (`--build`);
+    ArmSummary.sum_median_ns and the headline gpu_busy (the union of a sample's kernel
+    intervals; equal to gpu_sum in every file written before PDL arms, whose kernels never
+    overlap).
 """
 
 from __future__ import annotations
@@ -36,7 +39,13 @@ class KernelRecord:
 @dataclass(frozen=True)
 class Sample:
     """One timed call of one arm. CUPTI samples carry their kernels; events samples carry
-    only `events_ns`. The timed value of either is `value_ns`."""
+    only `events_ns`. The timed value of either is `value_ns`.
+
+    Three CUPTI durations: gpu_sum adds the kernels' durations; gpu_busy is the length of the
+    union of their intervals (the time the GPU spent on the call); gpu_span runs from the first
+    start to the last end, gaps included. Without overlap busy equals sum; kernels launched with
+    programmatic dependent launch (PDL) overlap their predecessor's tail, where sum counts the
+    shared time twice."""
 
     shape: str
     arm: str
@@ -51,6 +60,18 @@ class Sample:
         return sum(k.duration_ns for k in self.kernels)
 
     @property
+    def gpu_busy_ns(self) -> int:
+        busy, end = 0, None
+        for k in sorted(self.kernels, key=lambda k: k.start_ns):
+            if end is None or k.start_ns >= end:
+                busy += k.duration_ns
+                end = k.end_ns
+            elif k.end_ns > end:
+                busy += k.end_ns - end
+                end = k.end_ns
+        return busy
+
+    @property
     def gpu_span_ns(self) -> int:
         if not self.kernels:
             return 0
@@ -58,8 +79,8 @@ class Sample:
 
     @property
     def value_ns(self) -> int:
-        """The headline time: gpu_sum for CUPTI samples, the event interval otherwise."""
-        return self.events_ns if self.events_ns is not None else self.gpu_sum_ns
+        """The headline time: gpu_busy for CUPTI samples, the event interval otherwise."""
+        return self.events_ns if self.events_ns is not None else self.gpu_busy_ns
 
 
 @dataclass(frozen=True)
@@ -219,6 +240,7 @@ class ArmSummary:
     span_median_ns: float | None  # gpu_span (CUPTI only)
     hbm_bandwidth_bytes_per_s: float  # floor bytes / median time
     fraction_of_read_bandwidth: float | None  # of the measured device read bandwidth
+    sum_median_ns: float | None = None  # gpu_sum, median of rows (CUPTI only): > median_ns when kernels overlap
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from moebench.results.schema import BuildParity, RunResult
 def timer_label(result: RunResult) -> str:
     """How the times were taken, as the tables state it."""
     s = result.settings
-    what = "CUPTI kernel records, gpu_sum" if s.timer == "cupti" else "CUDA EVENTS (not CUPTI), event interval"
+    what = ("CUPTI kernel records, gpu_busy (union of the call's kernels; = gpu_sum without PDL overlap)"
+            if s.timer == "cupti" else "CUDA EVENTS (not CUPTI), event interval")
     return f"timer: {what} · flush: {s.flush} ({s.flush_bytes / 2**20:,.0f} MiB) · " \
            f"{s.rounds} rounds × {s.samples} samples (+{s.warmup} warm-up)"
 
@@ -95,6 +96,43 @@ def ratio_table(result: RunResult) -> Table | None:
     return t
 
 
+def kernel_table(kernels) -> Table | None:
+    """Each declared kernel's median (KernelSummary records, from moebench.stats)."""
+    if not kernels:
+        return None
+    t = Table(title="per-kernel durations in µs (median of round medians)", title_justify="left")
+    for col in ("shape", "arm", "kernel"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("median", justify="right")
+    t.add_column("rows min–max", justify="right")
+    last = None
+    for k in kernels:
+        if last is not None and (k.shape, k.arm) != last:
+            t.add_section()
+        t.add_row(k.shape, k.arm, k.label, us(k.median_ns), f"{us(min(k.rows_ns))}–{us(max(k.rows_ns))}")
+        last = (k.shape, k.arm)
+    return t
+
+
+def referee_table(checks) -> Table | None:
+    """The stock arm against its referee (RefereeCheck records, from moebench.stats)."""
+    if not checks:
+        return None
+    labels = sorted({lab for c in checks for lab in c.kernel_ratios}, key=lambda x: (not x.startswith("gemm"), x))
+    t = Table(title=f"stock arm vs its referee: time ratio arm / referee (within ±{checks[0].tolerance:.0%} passes)",
+              title_justify="left")
+    for col in ("shape", "arm", "referee", "call"):
+        t.add_column(col, no_wrap=True, justify="right" if col == "call" else "left")
+    for lab in labels:
+        t.add_column(lab, justify="right")
+    t.add_column("check")
+    for c in checks:
+        t.add_row(c.shape, c.arm, c.referee, f"{c.call_ratio:.3f}",
+                  *(f"{c.kernel_ratios[lab]:.3f}" if lab in c.kernel_ratios else "—" for lab in labels),
+                  "[green]within[/]" if c.passed else "[red]OUTSIDE[/]")
+    return t
+
+
 def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
     """The audit's findings, one line each (the first `limit`)."""
     lines = [f"{f.shape} {f.arm} round {f.round} sample {f.index}: {f.reason}"
@@ -105,12 +143,16 @@ def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
     return lines
 
 
-def print_tables(result: RunResult, console: Console | None = None) -> None:
+def print_tables(result: RunResult, console: Console | None = None, *, kernels: bool = False) -> None:
+    from moebench.stats import kernel_summaries, referee_checks
     console = console or make_console()
     console.print(summary_table(result))
     ratios = ratio_table(result)
     if ratios is not None:
         console.print(ratios)
+    for table in (kernel_table(kernel_summaries(result)) if kernels else None, referee_table(referee_checks(result))):
+        if table is not None:
+            console.print(table)
     style = "green" if result.audit.passed else "bold red"
     console.print(f"[{style}]{audit_line(result)}[/]")
     for line in findings_lines(result):

@@ -8,6 +8,14 @@ kernels (+25% on a 40 MB read on the H200, see H200.md). `none` leaves L2 as the
 call left it (warm for a kernel timed back to back).
 
 The buffer is allocated once; each flush is one torch op, no allocation, no sync.
+
+The flush is fenced off from the sample that follows it. A kernel launched with programmatic
+dependent launch (PDL) may start before the kernel ahead of it in its stream has finished; were
+that kernel the flush, the sample would begin inside the flush (and the audit would reject it).
+So the flush runs on a side stream between two events: the side stream waits for everything
+before it on torch's stream, and torch's stream waits for the flush. An event wait is a full
+dependency, which PDL does not relax. Mode `none` keeps the fence, so a PDL kernel cannot
+overlap the previous sample either.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ def flush_bytes_for(l2_bytes: int, mode: str) -> int:
 
 
 class L2Flush:
-    """Callable: `flush()` enqueues the flush on torch's current stream."""
+    """Callable: `flush()` enqueues the fenced flush after the work on torch's current stream."""
 
     def __init__(self, mode: str, l2_bytes: int, device: torch.device | str = "cuda"):
         self.mode = mode
@@ -41,6 +49,9 @@ class L2Flush:
         self._buf = None
         self._out = None
         self._op: Callable[[], object] = _nothing
+        on_gpu = torch.device(device).type == "cuda"
+        self._side = torch.cuda.Stream(device) if on_gpu else None
+        self._before, self._after = (torch.cuda.Event(), torch.cuda.Event()) if on_gpu else (None, None)
         if mode == "none":
             return
         self._buf = torch.zeros(self.nbytes // 4, dtype=torch.float32, device=device)
@@ -53,7 +64,16 @@ class L2Flush:
             self._op = buf.zero_
 
     def __call__(self) -> None:
-        self._op()
+        if self._side is None:  # on the CPU (tests): no streams, nothing to fence
+            self._op()
+            return
+        main = torch.cuda.current_stream(self._side.device)
+        self._before.record(main)
+        self._side.wait_event(self._before)
+        with torch.cuda.stream(self._side):
+            self._op()
+        self._after.record(self._side)
+        main.wait_event(self._after)
 
     def release(self) -> None:
         self._buf = self._out = None
