@@ -19,7 +19,7 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry, build_fixture
 from moebench.fixtures.summary import fixture_summary
-from moebench.kernels.arm import ArmFactory, make_arms
+from moebench.kernels.arm import ArmFactory, default_arms, make_arms
 from moebench.kernels.builds import build_arm_factories, compare_outputs, resolve_builds
 from moebench.kernels.external import external_arm_factories
 from moebench.kernels.parity import References, check_parity
@@ -318,11 +318,31 @@ def result_filename(result: S.RunResult) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", "_".join(parts)) + ".json"
 
 
+def with_default_arms(req: RunRequest, device: torch.device, log: Callable[[str], None]) -> RunRequest:
+    """A request that names no arm (no --arms, --build or --arm) times every built-in arm that
+    can run on `device`; one line says which were left out and why."""
+    if req.arms or req.builds or req.external_arms:
+        return req
+    names, skipped = default_arms(device, req.arm_options)
+    if skipped:
+        log("arms left out: " + "; ".join(f"{n} ({why})" for n, why in skipped))
+    if not names:
+        raise UserError("no arm can run here: " + "; ".join(f"{n}: {why}" for n, why in skipped))
+    return replace(req, arms=tuple(names))
+
+
 def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[[str], None] = lambda m: None,
         progress_factory=None) -> tuple[S.RunResult, Path]:
     """The whole pipeline. Returns the result and where it was saved. Raises UserError for
     a bad request, RunFailed for a parity failure; an audit failure is in the result."""
+    if backend is not None:
+        req = with_default_arms(req, backend.device, log)
+    elif torch.cuda.is_available():
+        req = with_default_arms(req, torch.device("cuda", torch.cuda.current_device()), log)
     req, plan = plan_arms(req)
+    if not req.arms and backend is None:
+        raise UserError("no CUDA device visible: with no --arms, `moebench run` times every arm that can run "
+                        "on this machine's GPU (see `moebench arms` and `moebench doctor`)")
     validate(req)
     started_at = utc_now()
     if backend is None:

@@ -19,5 +19,9 @@ def registry(shapes_file: str | None) -> ShapeRegistry:
     return reg.with_shapes_file(shapes_file) if shapes_file else reg
 
 triton_config_option = click.option(
-    "--triton-config", type=click.Path(dir_okay=False), default=None,
-    help="JSON of per-M Triton configs in the serving engines' format (Triton arms only).")
+    "--triton-config", default=None, metavar="auto|default|FILE",
+    help="Triton arms' configs: auto (the engines' tuned tables for this GPU, the default), default "
+         "(the engines' untuned default), or a JSON of per-M configs in the engines' format.")
+pdl_option = click.option(
+    "--pdl/--no-pdl", default=None,
+    help="Programmatic dependent launch for the stock and engine arms' GEMMs (default: as the engines, on SM90+).")

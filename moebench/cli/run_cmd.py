@@ -18,6 +18,7 @@ from rich.progress import (
 from moebench.cli import cli
 from moebench.cli.common import (
     balancedness_option,
+    pdl_option,
     shape_option,
     shapes_file_option,
     triton_config_option,
@@ -46,7 +47,8 @@ def _progress(console: Console, total: int):
 @shapes_file_option
 @balancedness_option
 @click.option("--arms", "arms", multiple=True, metavar="A[,A...]",
-              help="Arms to time, in the order odd rounds run them (builds and --arm arms follow).")
+              help="Arms to time, in the order odd rounds run them (builds and --arm arms follow); "
+                   "default: every built-in arm that can run here.")
 @click.option("--build", "builds", multiple=True, metavar="NAME=PATH|NAME=git:REV[:PATH]",
               help="Time the arm family of a CUDA source built from this file (or the file at a git "
                    "revision of the repository you are in) as arm ARM@NAME; repeat to compare builds.")
@@ -67,17 +69,18 @@ def _progress(console: Console, total: int):
 @click.option("--timer", type=click.Choice(["cupti", "events"]), default="cupti", show_default=True,
               help="CUPTI kernel records, or CUDA events (labelled so in the result).")
 @triton_config_option
+@pdl_option
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
 def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, external_arms, ref, rounds,
-                samples, warmup, flush, timer, triton_config, out_dir):
+                samples, warmup, flush, timer, triton_config, pdl, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
                      arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,
                      warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
                      shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
-                     arm_options={"triton_config": triton_config}, builds=tuple(builds), build_arm=build_arm,
+                     arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds), build_arm=build_arm,
                      build_host=build_host,
                      defines=tuple(defines), external_arms=tuple(external_arms))
     try:

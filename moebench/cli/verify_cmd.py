@@ -7,10 +7,11 @@ import torch
 from rich.table import Table
 
 from moebench.cli import cli
-from moebench.cli.common import balancedness_option, registry, shape_option, shapes_file_option, triton_config_option
+from moebench.cli.common import (balancedness_option, pdl_option, registry, shape_option, shapes_file_option,
+                                 triton_config_option)
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture
-from moebench.kernels.arm import parse_arm_list
+from moebench.kernels.arm import default_arms, parse_arm_list
 from moebench.kernels.parity import REL_L2_THRESHOLD
 from moebench.kernels.triton_arms import use_interpreter
 from moebench.kernels.verify import verify_arms
@@ -24,13 +25,16 @@ from moebench.results.tables import make_console
 @click.option("--arms", "arms", multiple=True, metavar="A[,A...]", help="Arms to check (repeat or comma-separate).")
 @click.option("--interpret", is_flag=True, help="Run Triton kernels on the CPU (TRITON_INTERPRET=1); slow, small shapes.")
 @triton_config_option
+@pdl_option
 @click.option("--seed", type=int, default=None, help="Seed of the fresh inputs (default: the shape's seed + 1).")
 @click.option("--edge-cases", is_flag=True, help="Also check M=1, one expert set, empty experts, M=67.")
 @click.option("--threshold", type=float, default=REL_L2_THRESHOLD, show_default=True,
               help="Largest relative L2 error that passes.")
-def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, seed, edge_cases, threshold):
-    """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure."""
-    names = parse_arm_list(list(arms))
+def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold):
+    """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure.
+    With no --arms, every built-in arm that can run here."""
+    options = {"triton_config": triton_config, "pdl": pdl}
+    names = parse_arm_list(list(arms)) if arms else None
     specs = registry(shapes_file).resolve_many(list(shapes) or [], balancedness=balancedness)
     if not threshold > 0:
         raise UserError(f"--threshold must be positive, got {threshold}")
@@ -41,12 +45,19 @@ def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, se
         device = torch.device("cuda")
     else:
         raise UserError("no CUDA device here; --interpret runs the Triton kernels on the CPU")
+    console = make_console()
+    if names is None:
+        names, skipped = default_arms(device, options)
+        if skipped:
+            console.print("[dim]arms left out: " + "; ".join(f"{n} ({why})" for n, why in skipped) + "[/]")
+        if not names:
+            raise UserError("no arm can run here")
     rows = []
     for spec in specs:
         fx = build_fixture(spec).to(device)
-        rows += verify_arms(fx, names, options={"triton_config": triton_config}, seed=seed,
+        rows += verify_arms(fx, names, options=options, seed=seed,
                             with_edge_cases=edge_cases, threshold=threshold)
-    make_console().print(_parity_table(rows, device, interpret))
+    console.print(_parity_table(rows, device, interpret))
     failed = [r for r in rows if not r.passed]
     if failed:
         click.echo(f"{len(failed)} of {len(rows)} checks failed", err=True)
