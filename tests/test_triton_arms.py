@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from moebench.errors import UserError
-from moebench.fixtures import build_fixture, derive, engine_plan_capacity, rel_l2_error
+from moebench.fixtures import build_fixture, derive, engine_plan_capacity, rel_l2_error, route_plan
 from moebench.kernels import triton_arms
 from moebench.kernels.arm import make_arm
 from moebench.kernels.parity import References, check_parity
@@ -369,3 +369,25 @@ def test_default_arms_on_the_cpu_interpreter():
     why = dict(skipped)
     assert set(why) == {"sglang", "cuda-gemm", "cuda-swapab", "cuda-fused"}
     assert all(why.values())
+
+
+def test_blocks_of_filtered_experts_write_zero_rows(t8):
+    """A block whose expert is -1 (an expert this rank does not hold) writes its slots' rows as
+    zeros, as the engines' kernel does; the other blocks are computed as usual."""
+    tm = kernels_module()
+    fx = derive(t8, 31, M=4)
+    plan = route_plan(fx.topk_ids, 8, 16)
+    experts = plan.expert_ids.clone()
+    experts[0] = -1  # the first block's expert is filtered
+    S, N = fx.M * fx.spec.top_k, fx.spec.N
+    h = torch.full((S, N), float("nan"), dtype=torch.bfloat16)
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+           "num_warps": 4, "num_stages": 2}
+    tm.launch_moe_gemm(tm.moebench_moe_gemm1, fx.x_fp8, fx.x_scale, fx.w1, fx.w1_scale, h,
+                       fx.topk_weights.reshape(-1), plan.sorted_token_ids, experts, plan.num_tokens_post_padded,
+                       a_row_div=fx.spec.top_k, mul_route_weight=False, swap_ab=False, config=cfg)
+    first = plan.sorted_token_ids[:16].long()
+    first = first[first < S]
+    rest = torch.tensor([s for s in range(S) if s not in set(first.tolist())])
+    assert first.numel() > 0 and torch.all(h[first].float() == 0)
+    assert torch.isfinite(h[rest].float()).all() and (h[rest].float() != 0).any()

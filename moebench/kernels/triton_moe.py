@@ -144,6 +144,15 @@ def _moe_gemm_tile(
         a_row = slot // A_ROW_DIV
     expert32 = tl.load(block_expert_ptr + pid_m)
     expert = expert32.to(tl.int64)
+    if expert32 == -1:
+        # A block of an expert this rank does not hold (the engines' expert filter): its slots'
+        # rows are zeros, written here unless C is in plan order (GEMM2 never reads those rows).
+        if not C_SORTED:
+            offs_zn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+            tl.store(c_ptr + slot[:, None] * stride_cm + offs_zn[None, :],
+                     tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=c_ptr.dtype.element_ty),
+                     mask=slot_mask[:, None] & (offs_zn[None, :] < N))
+        return
 
     offs_n = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N).to(tl.int64)) % N
     offs_k = tl.arange(0, BLOCK_SIZE_K)
@@ -162,16 +171,16 @@ def _moe_gemm_tile(
 
     # Per step: reads BM*BK + BN*BK FP8 bytes and BM + (1 or BN) FP32 scales; 2*BM*BN*BK FLOPs.
     # Over the loop: one expert's BN x K weight slice (BN*K bytes) and BM token rows (BM*K bytes).
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+    for k_start in range(0, K, BLOCK_SIZE_K):
         if A_TMA:
-            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, k_start])
         else:
             a = tl.load(a_ptrs, mask=slot_mask[:, None], other=0.0)
         if W_TMA:
-            w = w_desc.load([expert32, pid_n * BLOCK_SIZE_N, k * BLOCK_SIZE_K]).reshape(BLOCK_SIZE_N, BLOCK_SIZE_K).T
+            w = w_desc.load([expert32, pid_n * BLOCK_SIZE_N, k_start]).reshape(BLOCK_SIZE_N, BLOCK_SIZE_K).T
         else:
             w = tl.load(w_ptrs)
-        group_k = (k * BLOCK_SIZE_K) // GROUP
+        group_k = k_start // GROUP
         a_scale = tl.load(a_scale_ptrs + group_k, mask=slot_mask, other=0.0)
         w_scale = tl.load(w_scale_ptrs + group_k)
         if SWAP_AB:
