@@ -65,9 +65,7 @@
 // Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8 up to 48: at 56
 // and 64 the consumers do not fit the 168 registers of 9 warps without spilling), STAGES (ring
 // depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes STAGES to match),
-// CLUSTER (8, 4 or 1; the host lays the weights out for it), LAG (in launches of one round, a
-// producer issues chunk g only once chunk g - LAG has landed), CROWD_LAG (no lag on SMs that
-// hold three busy CTAs).
+// CLUSTER (8, 4 or 1; the host lays the weights out for it). The rest follows from these.
 
 #ifndef BLOCK_M
 #define BLOCK_M 8
@@ -99,27 +97,19 @@
 // faster at A8 and Q8 on the H200 (the first ring goes out at once: START_NOLAG in
 // docs/kernels.md); in launches of several rounds it cost A128 about 1.5%, so there the
 // producer streams as far ahead as the ring allows (docs/kernels.md, "One CTA an item").
-#ifndef LAG
-#define LAG 2
-#endif
+constexpr int LAG = 2;
 // Only SMs with fewer than three busy CTAs lag (see the producer); built where an SM holds three,
 // at BLOCK_M 8 (at 16 the count spilled; the sanitizer's small launches set it to exercise the
 // counts).
-#ifndef CROWD_LAG
-#define CROWD_LAG (MIN_CTAS_PER_SM >= 3 && BLOCK_M == 8)
-#endif
+constexpr bool CROWD_LAG = MIN_CTAS_PER_SM >= 3 && BLOCK_M == 8;
 // The producer's first trip at kernel entry (see the set-up), in clusters of 4 (the default);
 // the others load it after the set-up, as every later item's: held in registers through the
 // set-up, it spilled clusters of 8 at BLOCK_M 16 (NVRTC) and one CTA an item at BLOCK_M 16 (nvcc
 // 13.0). By cp.async into shared memory instead, it was no faster than the old start.
-#define FIRST_AT_ENTRY (CLUSTER == 4)
+constexpr bool FIRST_AT_ENTRY = CLUSTER == 4;
 // Item 0's first EARLY_CHUNKS chunks of weights go out as soon as its expert is known, before
 // its meta (see the producer); 0: with their rows, after the meta, as every later chunk.
-#ifndef EARLY_CHUNKS
-#define EARLY_CHUNKS 2
-#endif
-static_assert(EARLY_CHUNKS >= 0 && EARLY_CHUNKS <= 2, "EARLY_CHUNKS: 0, 1 or 2");
-#define EARLY_RING (EARLY_CHUNKS < STAGES ? EARLY_CHUNKS : STAGES)  // (the ring holds them)
+constexpr int EARLY_CHUNKS = 2;
 #define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
@@ -129,7 +119,6 @@ static_assert(EARLY_CHUNKS >= 0 && EARLY_CHUNKS <= 2, "EARLY_CHUNKS: 0, 1 or 2")
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
-static_assert(LAG <= STAGES, "the lag waits on a chunk still in the ring");
 static_assert(CLUSTER == 1 || CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 1, 4 or 8");
 
 typedef unsigned char u8;
@@ -281,28 +270,25 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint4& a, u32 b0, 
 // latency, not by its copies (docs/kernels.md, "GEMM2's tail"). Two chains: 1.017-1.023 at A8, A128
 // and Q8 on the H200, 1.003 at Q128 (four measured slower at Q8). One at BLOCK_M 16 with three CTAs
 // an SM, where two spill.
-#ifndef MMA_CHAINS
-#define MMA_CHAINS (BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2)
-#endif
-static_assert(MMA_CHAINS == 1 || MMA_CHAINS == 2, "MMA_CHAINS: 1 or 2");
+constexpr int MMA_CHAINS = BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2;
 
 // Four k32 steps over one 128-wide k block: a[s] are the A fragments, `b` the lane's 32 bytes
 // of its token row (words 2s, 2s+1 feed k-step s, see the permutation above).
 __device__ __forceinline__ void mma_block(float (&d)[4], const uint4 (&a)[4], const uint4& blo, const uint4& bhi) {
-#if MMA_CHAINS == 1
-    mma_e4m3(d, a[0], blo.x, blo.y);
-    mma_e4m3(d, a[1], blo.z, blo.w);
-    mma_e4m3(d, a[2], bhi.x, bhi.y);
-    mma_e4m3(d, a[3], bhi.z, bhi.w);
-#else
-    float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma_e4m3(d, a[0], blo.x, blo.y);
-    mma_e4m3(q, a[1], blo.z, blo.w);
-    mma_e4m3(d, a[2], bhi.x, bhi.y);
-    mma_e4m3(q, a[3], bhi.z, bhi.w);
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] += q[i];
-#endif
+    if constexpr (MMA_CHAINS == 1) {
+        mma_e4m3(d, a[0], blo.x, blo.y);
+        mma_e4m3(d, a[1], blo.z, blo.w);
+        mma_e4m3(d, a[2], bhi.x, bhi.y);
+        mma_e4m3(d, a[3], bhi.z, bhi.w);
+    } else {
+        float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_e4m3(d, a[0], blo.x, blo.y);
+        mma_e4m3(q, a[1], blo.z, blo.w);
+        mma_e4m3(d, a[2], bhi.x, bhi.y);
+        mma_e4m3(q, a[3], bhi.z, bhi.w);
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) d[i] += q[i];
+    }
 }
 
 // Four floats -> four e4m3 codes (round to nearest even, saturating), low byte first.
@@ -332,50 +318,6 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
 // tie, far inside the parity tolerance. For v below about -88, __expf(-v) is inf and the
 // quotient 0, as silu's limit.
 __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
-
-// Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
-// as the address of a zeroed u64 buffer [gridDim.x][TRACE_SLOTS], chosen threads store
-// %globaltimer (ns) at fixed points of the kernel; undefined (every arm build), TRACE
-// compiles to nothing. Slots: 0 entry, 1 %smid, 2 first chunks issued, 3 first meta's reads
-// issued (producer), 4 producer done, 5 consumers done, 6 exit, 7 items; then per item n < 8, at
-// 8 + 5n: meta ready, first chunk landed, GEMM1 done, exchange done, GEMM2 done (consumers);
-// item 0's chunk j < 16: seen landed by the consumers at 48 + j, issued at 64 + j; item 0's
-// exchange (tid 0): partial sums shared 80, cluster joined 81, SwiGLU sent 82, requant done 83,
-// exchange bytes expected 84, first column's sums read 85, its SwiGLU computed 86 (94 and 95
-// hold values from those steps: storing them orders the stamps after the work); the producer's
-// start: barriers initialised 91, the set-up's block barrier passed 92, it begins 90, the padded
-// total and item 0's expert returned 87, item 0's slot ids returned 89.
-// The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
-// sits before a barrier of the traced kernel (a release would wait for it).
-#define TRACE_SLOTS 256  // 0-127 as above (96 + j: chunk j < 16 past its waits, about to be copied; 113-121: steps of the
-                         // producer's start, see begin_meta, issue and the early chunks; 122-127: GEMM2's first three
-                         // chunks, mma done and reductions issued, by thread 0); 128 + s: clock64 at stamp s
-#ifdef MOEBENCH_TRACE
-__shared__ u64 trace_smem[TRACE_SLOTS];
-__device__ __forceinline__ void trace_store(int slot, u64 v) {
-    reinterpret_cast<volatile u64*>(trace_smem)[slot] = v;
-}
-__device__ __forceinline__ void trace_flush(int tid) {
-    __syncthreads();
-    for (int i = tid; i < TRACE_SLOTS; i += blockDim.x)
-        reinterpret_cast<u64*>(MOEBENCH_TRACE)[blockIdx.x * TRACE_SLOTS + i] = trace_smem[i];
-}
-__device__ __forceinline__ u64 globaltimer() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
-    return t;
-}
-__device__ __forceinline__ u64 smid() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-    return r;
-}
-#define TRACE(cond, slot) do { if (cond) { trace_store(128 + (slot), clock64()); trace_store((slot), globaltimer()); } } while (0)
-#define TRACE_VALUE(cond, slot, v) do { if (cond) trace_store((slot), (v)); } while (0)
-#else
-#define TRACE(cond, slot) do { } while (0)
-#define TRACE_VALUE(cond, slot, v) do { } while (0)
-#endif
 
 // ------------------------------------------------------------------------------ shared layout
 // Offsets in bytes from the dynamic shared base; fused_arm.py mirrors this (shared_bytes()).
@@ -515,12 +457,6 @@ moebench_fused_moe(
     // both roles' loops and crowd the consumers' register budget (they spilled).
     {
     const Smem sm = carve(smem_base, K / GROUP);
-    TRACE(tid == 0, 0);
-    TRACE_VALUE(tid == 0, 1, smid());
-#ifdef MOEBENCH_TRACE
-    for (int i = 2 + tid; i < TRACE_SLOTS; i += THREADS)
-        if (i != 128) trace_smem[i] = 0;  // (128: the entry's clock, stored above)
-#endif
     if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
 
     if (tid == 0) {
@@ -539,14 +475,12 @@ moebench_fused_moe(
             mbar_init(sm.tempty + 8 * b, CLUSTER);   // one arrival per CTA that read the ticket
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        TRACE(true, 91);  // barriers initialised
     }
     // The activation ring starts zeroed: padding rows are never copied (see the header).
     for (int i = tid; i < STAGES * BLOCK_M * X_ROW / 16; i += THREADS)
         reinterpret_cast<uint4*>(sm.xring)[i] = make_uint4(0, 0, 0, 0);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
-    TRACE(tid == 0, 92);  // the set-up's block barrier passed
     cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
     }
 
@@ -556,7 +490,6 @@ moebench_fused_moe(
         const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
         const u32 MB = d.MB;
         const Smem sm = carve(smem_base, KB);
-        TRACE(lane == 0, 90);  // the producer starts
         // Item n's chunks stream into the ring while item n + 1's meta is built in steps, one
         // step after each chunk issued (from chunk STAGES on, when the consumers have left
         // item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
@@ -579,7 +512,6 @@ moebench_fused_moe(
             ((reinterpret_cast<size_t>(x_scale) | reinterpret_cast<size_t>(w1_scale)) & 15) == 0;
         u32 gc = 0;  // chunks issued
         u32 tk = 0;  // tickets taken
-#if CROWD_LAG
         // The lag is for SMs with fewer than three busy CTAs. Each busy CTA of a one-round launch
         // adds 1 to its SM's count in work[2 + smid] as its first ring goes out, and takes it
         // back at its end. The producer reads the count once a chunk of its first ring has
@@ -588,15 +520,15 @@ moebench_fused_moe(
         // On an SM with three busy CTAs, no lag: 1.010-1.012 at Q8 on two H200s (docs/kernels.md,
         // "CROWD_LAG with a settled count"; read as its first ring went out, the count raced the
         // other CTAs' increments).
-        u32 sm_id;
-        asm("mov.u32 %0, %%smid;" : "=r"(sm_id));
-        int* const sm_count = work + 2 + (sm_id & 255);
+        int* sm_count = nullptr;
+        if constexpr (CROWD_LAG) {
+            u32 sm_id;
+            asm("mov.u32 %0, %%smid;" : "=r"(sm_id));
+            sm_count = work + 2 + (sm_id & 255);
+        }
         int crowd = 0;       // lane 0: the count
         bool counted = false;
-        auto lag_here = [&]() { return gc < 2 * STAGES || __shfl_sync(0xffffffffu, crowd, 0) < 3; };
-#else
-        auto lag_here = []() { return true; };
-#endif
+        auto lag_here = [&]() { return !CROWD_LAG || gc < 2 * STAGES || __shfl_sync(0xffffffffu, crowd, 0) < 3; };
         // The item being built: its index and expert (-1: no more work). Everything else of it
         // lives in its meta slot between steps (the register budget is the consumers').
         int w = cid, e = -1;
@@ -607,12 +539,7 @@ moebench_fused_moe(
         // each reader arrives on rank 0's `tempty` before the slot is reused. Every wait is
         // taken by the whole warp (a lane spinning alone stalls compute-sanitizer).
         // With no more items than clusters every ticket would say "no more work": none is taken.
-        // STATIC_WORK (diagnosis) walks items q, q + clusters, ... instead.
-#ifdef STATIC_WORK
-        const bool queue = false;
-#else
         const bool queue = items > ncl;
-#endif
         int ticket = 0;  // rank 0: the counter's value, in flight
         auto request_ticket = [&]() {
             if (queue && rank == 0 && lane == 0) ticket = atomicAdd(work, 1);
@@ -660,7 +587,6 @@ moebench_fused_moe(
         auto begin_meta = [&](int n) {
             const int slot = n & 1;
             mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
-            TRACE(lane == 0 && n == 0, 113);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
             const int block = w / G, g = w - block * G;
             if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
@@ -701,12 +627,9 @@ moebench_fused_moe(
                 valid += __popc(__ballot_sync(0xffffffffu, ok));
             }
             if (lane == 0) m.hdr[3] = valid;  // tokens with activation rows to copy
-            TRACE(lane == 0 && n == 0, 114);
-            TRACE(lane == 0 && n == 0 && valid >= 0, 89);  // item 0's slot ids returned
             if (async) {
                 if (lane == 0) mbar_expect_tx(sm.mfull + 8 * slot, (valid + 2) * KB * 4);
                 __syncwarp();
-                TRACE(lane == 0, 115);
                 #pragma unroll
                 for (int q = 0; q < RW; ++q) {
                     const int r = lane + 32 * q;
@@ -717,11 +640,8 @@ moebench_fused_moe(
                     else
                         for (int k = 0; k < KB; k += 4) *reinterpret_cast<float4*>(row + k) = make_float4(0.f, 0.f, 0.f, 0.f);
                 }
-                TRACE(lane == 0, 116);
                 if (lane < 2) bulk_copy(smem_u32(m.w1s + lane * KB), s1 + lane * G * KB, KB * 4, sm.mfull + 8 * slot);
-                TRACE(lane == 0, 117);
                 for (int i = lane; i < KB; i += 32) cp_async4(m.w2s + i, s2 + i * G);
-                TRACE(lane == 0, 118);
                 cp_async_arrive(sm.mfull + 8 * slot);
             }
             __syncwarp();
@@ -784,13 +704,10 @@ moebench_fused_moe(
                 const u32 pg = gc - LAG;
                 mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
             }
-#if CROWD_LAG
-            if (gc == STAGES && counted) crowd = *reinterpret_cast<volatile int*>(sm_count);  // (settled: see above)
-#endif
+            if (CROWD_LAG && gc == STAGES && counted) crowd = *reinterpret_cast<volatile int*>(sm_count);  // (settled: see above)
             mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
             const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
             const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
-            TRACE(lane == 0 && n == 0 && j < 16 && cta != ~size_t(0), 96 + j);  // past the waits, the meta read
             if (j < n1) {
                 const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
                 const int valid = m.hdr[3];
@@ -798,13 +715,11 @@ moebench_fused_moe(
                 const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
                 if (lane == 0) {
                     // item 0's first chunks: their weights are on their way (see EARLY_CHUNKS below)
-                    const bool out = n == 0 && j < EARLY_RING;
+                    const bool out = n == 0 && j < EARLY_CHUNKS;
                     mbar_arrive_expect_tx(sm.full + 8 * st, (out ? 0 : wbytes) + valid * abytes);
-                    TRACE(n == 0 && j == 0, 119);
                     if (!out)
                         bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
                                   wbytes, sm.full + 8 * st);
-                    TRACE(n == 0 && j == 0, 120);
                 }
                 for (int r = lane; r < BLOCK_M; r += 32) {
                     const int t = m.tok[r];
@@ -819,7 +734,6 @@ moebench_fused_moe(
                 bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
                           wbytes, sm.full + 8 * st);
             }
-            TRACE(lane == 0 && n == 0 && j < 16, 64 + j);
             ++gc;
         };
 
@@ -831,7 +745,6 @@ moebench_fused_moe(
             e = first_e;
             if (e < 0 || e >= E) { request_ticket(); receive_ticket(); find_item(); }
         }
-        TRACE(lane == 0 && first_e != -2147483647, 87);  // the first trip (padded total, expert) returned
         if (e >= 0 && lane < 2) {  // item 0's weight pages: GEMM1's first chunk, GEMM2's
             const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
             prefetch_l2(lane == 0 ? w1f + cta * (2 * COLS) * static_cast<size_t>(K)
@@ -844,30 +757,25 @@ moebench_fused_moe(
         // so no stage completes before issue() adds the chunk's activation rows and arrives. Q8
         // 1.036 with one, 1.052 with two, 0.991 with three (the meta's copies then wait behind the
         // burst).
-        if (lane == 0 && e >= 0 && EARLY_RING > 0) {  // stages 0.. are free: nothing was issued yet
+        if (lane == 0 && e >= 0) {  // stages 0.. are free: nothing was issued yet
             const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
             const u8* src = w1f + cta * (2 * COLS) * static_cast<size_t>(K);
             const u32 wb = min(KBC, KB) * MT1 * 2048;  // chunk 0
             mbar_expect_tx(sm.full, wb);
             bulk_copy(smem_u32(sm.ring), src, wb, sm.full);
-            if (EARLY_RING > 1 && n1 > 1) {  // chunk 1 (n1 > 1: KB > KBC)
+            if (n1 > 1) {  // chunk 1 (n1 > 1: KB > KBC)
                 const u32 wb1 = min(KBC, KB - KBC) * MT1 * 2048;
                 mbar_expect_tx(sm.full + 8, wb1);
                 bulk_copy(smem_u32(sm.ring + CHUNK_BYTES), src + CHUNK_BYTES, wb1, sm.full + 8);
             }
         }
-        TRACE(lane == 0, 121);
         begin_meta(0);
         int pre = 0;
         if (e >= 0) {
             if (!rows) for (int x = 0; x < nx; ++x) scale_batch(0, x);
-            TRACE(lane == 0, 3);
             pre = min(STAGES, total);
-#if CROWD_LAG
-            if (!queue && lane == 0) { atomicAdd(sm_count, 1); counted = true; }
-#endif
+            if (CROWD_LAG && !queue && lane == 0) { atomicAdd(sm_count, 1); counted = true; }
             for (int j = 0; j < pre; ++j) issue(0, j);
-            TRACE(lane == 0, 2);
         }
         for (int n = 0; e >= 0; ++n) {
             // item n's meta is in slot n & 1; e is its expert until its successor's build
@@ -884,11 +792,8 @@ moebench_fused_moe(
             atomicExch(work, 0);
             atomicExch(work + 1, 0);
         }
-#if CROWD_LAG
-        if (counted) atomicSub(sm_count, 1);
-#endif
+        if (CROWD_LAG && counted) atomicSub(sm_count, 1);
         if (tk == 0) cluster_wait_acquire();  // (joined at the first ticket otherwise)
-        TRACE(lane == 0, 4);
     } else {
         // ================================================================ consumer warps
         const Dims d = dims_of(launder(K));
@@ -905,9 +810,7 @@ moebench_fused_moe(
             mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
             const Meta m = meta_at(sm.meta + slot * MB, KB);
             if (m.hdr[0] < 0) break;
-            [[maybe_unused]] const bool tr = tid == 0 && n < 8;
-            TRACE(tr, 8 + 5 * n);
-
+            
 #if CLUSTER == 1
             // ---- GEMM1, one CTA an item: h[256 rows, BLOCK_M] over K. Warp w: gate m-tile w and up
             // m-tile w (the same 16 columns) of every chunk (one k block, 32 KB): per chunk and
@@ -920,8 +823,6 @@ moebench_fused_moe(
             for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
-                TRACE(tr && j == 0, 9 + 5 * n);
-                TRACE(tr && n == 0 && j < 16, 48 + j);
                 const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // up tile at + 8 tiles
                 uint4 a[2][4];
                 #pragma unroll
@@ -951,7 +852,6 @@ moebench_fused_moe(
                 mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
             }
 
-            TRACE(tr, 10 + 5 * n);
             // ---- SwiGLU from the warp's own gate and up sums into afull (its last readers, the
             // requant of the item before, finished before that item's second consumer barrier).
             // C fragment i of n-tile t: row gq + 8 (i / 2), token 8t + 2tq + i % 2.
@@ -963,7 +863,6 @@ moebench_fused_moe(
                         silu(acc[0][t][i]) * acc[1][t][i];
             if (n == 0) cluster_wait_acquire();  // (the start's cluster barrier: a cluster of one)
             named_sync_consumers();  // the group's 128 columns are here
-            TRACE(tr, 11 + 5 * n);
 #else
             // ---- GEMM1: h[2*COLS rows, BLOCK_M] over K. Warp w: the 16 rows of m-tile mt = w % MT1
             // (gate tiles first, then up), the k block w / MT1 of every chunk. Per chunk and
@@ -974,8 +873,6 @@ moebench_fused_moe(
             for (int j = 0; j < n1; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
-                TRACE(tr && j == 0, 9 + 5 * n);
-                TRACE(tr && n == 0 && j < 16, 48 + j);
                 const int kb = KBC * j + kb_in_chunk;
                 if (kb < KB) {
                     const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * MT1 + mt) * 2048 + lane * 16;
@@ -1006,7 +903,6 @@ moebench_fused_moe(
                 mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
             }
 
-            TRACE(tr, 10 + 5 * n);
             // ---- the KBC k-block partials per row, SwiGLU, st.async to all CLUSTER CTAs
             #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -1015,11 +911,8 @@ moebench_fused_moe(
                 *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[t][2], acc[t][3]);
             }
             named_sync_consumers();
-            TRACE(tr && n == 0, 80);
             if (n == 0) cluster_wait_acquire();  // every CTA's barriers exist
-            TRACE(tr && n == 0, 81);
             if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
-            TRACE(tr && n == 0, 84);
             if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
             {
                 // warp w stores into CTA w % CLUSTER, part w / CLUSTER of the 8 / CLUSTER parts
@@ -1039,21 +932,13 @@ moebench_fused_moe(
                             hg += sm.red[((k * MT1 + tile) * 16 + row) * BLOCK_M + t];
                             hu += sm.red[((k * MT1 + MT1 / 2 + tile) * 16 + row) * BLOCK_M + t];
                         }
-                        if (c == 0) {  // (stamp 85: the first column's sums read)
-                            TRACE_VALUE(tr && n == 0 && i == part * 32 + lane, 94, __float_as_uint(hg + hu));
-                            TRACE(tr && n == 0 && i == part * 32 + lane, 85);
-                        }
                         a[c] = silu(hg) * hu;
                     }
-                    TRACE_VALUE(tr && n == 0 && i == part * 32 + lane, 95, __float_as_uint(a[0] + a[3]));
-                    TRACE(tr && n == 0 && i == part * 32 + lane, 86);  // its SwiGLU computed
                     const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * COLS + 4 * q), dst_rank);
                     st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
                 }
             }
-            TRACE(tr && n == 0, 82);
             mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
-            TRACE(tr, 11 + 5 * n);
 #endif
 
             // ---- requant per token over the group: warp w takes tokens w, w+8, ...
@@ -1069,7 +954,6 @@ moebench_fused_moe(
                 if (lane == 0) m.tmul[t] = scale * m.rw[t];
             }
             named_sync_consumers();
-            TRACE(tr && n == 0, 83);
 
             // ---- GEMM2: y[K/CLUSTER rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
             // Warp w: m-tile w of every chunk (16 rows; and w + 8 of the 32 KB chunks of CLUSTER 1);
@@ -1108,7 +992,6 @@ moebench_fused_moe(
             for (int j = n1; j < total; ++j, ++gc) {
                 const u32 st = gc % STAGES;
                 mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
-                TRACE(tr && n == 0 && j < 16, 48 + j);
                 const int mtile = CHUNK_TILES * (j - n1) + warp;  // m-tile within this CTA's rows
 #if CLUSTER == 1
                 const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // tile mtile + 8 at + 8 tiles
@@ -1145,14 +1028,12 @@ moebench_fused_moe(
                         float p[4];
                         mma_aq(p, a, t);
                         // its mma done (the condition reads p, so the stamp waits for it)
-                        TRACE(tr && n == 0 && t == 0 && j - n1 < 3 && p[0] != 12345.0f, 122 + (j - n1));
                         if (t == 0) {  // a[] is consumed: the stage may be refilled before the reductions
                             __syncwarp();
                             mbar_arrive(sm.empty + 8 * st);
                         }
                         reduce_out(p, t, sw, rbase);
                     }
-                    TRACE(tr && n == 0 && j - n1 < 3, 125 + (j - n1));  // its reductions issued
                 }
                 if (mtile >= mt2) {  // no tile of this chunk for this warp
                     __syncwarp();
@@ -1160,23 +1041,16 @@ moebench_fused_moe(
                 }
 #endif
             }
-            TRACE(tr, 12 + 5 * n);
             // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
             // queue behind the memory traffic in flight, and GEMM2's first chunk waited behind it.
 #if CLUSTER > 1
             if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));
 #endif
             mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
-            TRACE_VALUE(tid == 0, 7, static_cast<u64>(n + 1));
         }
-        TRACE(tid == 0, 5);
         if (n == 0) cluster_wait_acquire();
     }
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
     cluster_wait_acquire();
-    TRACE(tid == 0, 6);
-#ifdef MOEBENCH_TRACE
-    trace_flush(tid);
-#endif
 }
