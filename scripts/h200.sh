@@ -77,9 +77,6 @@ for s in "$@"; do case $s in
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
   fused-alone) stage fused-alone python3 scripts/arm_variants.py "$R/alone" --arm cuda-fused \
          --variant c4:cluster=4 --variant c1:cluster=1 ${ALONE_SHAPES:---shape Q8 --shape A8} ;;
-  trace) stage trace python3 scripts/trace_fused.py "$R/trace" ;;
-  trace-args) stage trace-args bash -c "python3 scripts/trace_fused.py $R/trace $TRACE_ARGS" ;;  # TRACE_ARGS: e.g. --shape Q8 --define NAME=1 --arm-arg stages=2
-  variants) stage variants bash scripts/variants.sh "$R/variants" ;;  # VARIANTS="base x:NAME=1 ..." (see the script)
   run-args) stage run-args bash -c "python3 -m moebench run --out $R $RUN_ARGS" ;;  # RUN_ARGS: builds, shapes, --ref
   memcheck) stage memcheck bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ${SAN_ARGS:-}" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&

@@ -13,7 +13,7 @@ Racecheck runs at `--K 1024` (at the default K it does not finish in minutes): w
 default 2 stages every stage is refilled; `--max-clusters 1` walks all 12 items on one
 cluster, which adds the item-to-item reuses (meta slots, afull, GEMM2's ring reads, the work
 queue). All three report 0 hazards on the H200 (docs/kernels.md, cuda-fused, "Inside the
-kernel"). `--define NAME=VALUE` compiles the kernel with a define added (e.g. STATIC_WORK=1).
+kernel").
 """
 
 from __future__ import annotations
@@ -42,15 +42,7 @@ def main() -> int:
     ap.add_argument("--K", type=int, default=2048, help="hidden size (a multiple of 128)")
     ap.add_argument("--max-clusters", type=int, default=None,
                     help="cap the persistent grid (fewer clusters walk more items each)")
-    ap.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
-                    help="compile the kernel with this define added (e.g. STATIC_WORK=1)")
-    args = ap.parse_args()
-    if args.define:
-        from moebench.kernels.cuda_build import parse_defines, source_override
-        from moebench.kernels.fused_arm import source_with_defines
-        with source_override(source_with_defines(*parse_defines(args.define).items())):
-            return run(args)
-    return run(args)
+    return run(ap.parse_args())
 
 
 def run(args) -> int:

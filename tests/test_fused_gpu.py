@@ -148,7 +148,7 @@ OTHER_DIMS = {
     "U24 (K=640)": (Family("U", "unaligned scale rows", K=640, E=16, top_k=4, N=512, routed_scale=1.0,
                            shared_expert=False), 24, 17),
     # K = 128 and 384: one k block, and three (GEMM1's second chunk of a cluster of 4 holds one of
-    # its two): the first chunks' weights, sent before the meta (EARLY_CHUNKS), are partial or absent
+    # its two): the first chunks' weights, sent before the meta, are partial or absent
     "K9 (K=128)": (Family("K", "one k block", K=128, E=16, top_k=4, N=256, routed_scale=1.0,
                           shared_expert=False), 9, 19),
     "L9 (K=384)": (Family("L", "three k blocks", K=384, E=16, top_k=4, N=256, routed_scale=1.0,

@@ -389,24 +389,11 @@ def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
     assert pick_occupancy(0, [two, three]) == 0
 
 
-def test_cluster_policy_rule_and_its_override():
-    from types import SimpleNamespace
-
-    from moebench.kernels.fused_arm import cluster_policy, forced_policy
+def test_cluster_policy_rule():
+    from moebench.kernels.fused_arm import cluster_policy
     # persistent launches spread over every SM; one-round launches keep the default placement
     assert cluster_policy(one_round=False) == "load-balancing"
     assert cluster_policy(one_round=True) == "default"
-    assert cluster_policy(one_round=False, forced="spread") == "spread"
-
-    def module(**defines):
-        return SimpleNamespace(build=SimpleNamespace(defines=tuple(defines.items())))
-
-    assert forced_policy(module(BLOCK_M="8")) is None
-    assert forced_policy(module(CLUSTER_POLICY="2")) == "load-balancing"
-    assert forced_policy(module(CLUSTER_POLICY="0")) == "default"
-    assert forced_policy(module(CLUSTER_POLICY="spread")) == "spread"
-    with pytest.raises(UserError, match="CLUSTER_POLICY=7"):
-        forced_policy(module(CLUSTER_POLICY="7"))
 
 
 def test_one_more_cta_an_sm_fits_only_with_a_shallow_ring():

@@ -28,7 +28,8 @@
 // item boundaries, so HBM stays busy through every SwiGLU exchange and item change: the next
 // item's meta is built while the current item's chunks stream.
 // In launches of one round, past its first ring, the producer keeps at most LAG of its chunks
-// waiting to land, unless its SM holds three busy CTAs (CROWD_LAG).
+// waiting to land (few copies queue in the SM's bulk copy engine), unless its SM holds three
+// busy CTAs (CROWD_LAG: BLOCK_M 8 at three CTAs an SM), whose copies share that engine.
 // The DSMEM exchange needs no cluster barrier per item: writers st.async into the
 // readers' `afull`, the reader's mbarrier counts the bytes; a reader that finished its
 // requant arrives (release.cluster) on every writer's `aempty` mbarrier, which the writer
@@ -52,8 +53,8 @@
 // CLUSTER 1 (one CTA an item, alone on its SM): 32 KB chunks (GEMM1: one k block of the 256
 // gate and up rows; GEMM2: 16 m-tiles). Warp w owns gate m-tile w and up m-tile w, the same 16
 // columns, over all of K, so SwiGLU is warp-local and a consumer barrier replaces the exchange.
-// It streams no faster than one SM's bulk copy engine (about 48 GB/s on the H200), so it lost
-// to clusters of 4 at every M measured up to 8; the host offers it (cluster=1), BLOCK_M <= 16.
+// It streams no faster than one SM's bulk copy engine, slower than the four SMs of a cluster of
+// 4, so it is an option of the host (cluster=1), for BLOCK_M <= 16, not its default.
 // Padding rows (no token) are never copied: the
 // activation ring is zeroed once at start, so a padding row holds zeros or another item's
 // (finite) activations, and its scale is 0: its accumulators stay 0 and nothing is written.
@@ -62,12 +63,14 @@
 // or whose expert id is outside [0, E), are skipped; sentinel slots (>= num_slots) are
 // padding.
 //
-// Meta-parameters (defines): BLOCK_M (tokens per plan block, a multiple of 8 up to 48: at 56
-// and 64 the consumers do not fit the 168 registers of 9 warps without spilling), STAGES (ring
-// depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes STAGES to match),
-// CLUSTER (8, 4 or 1; the host lays the weights out for it), LAG (in launches of one round, a
-// producer issues chunk g only once chunk g - LAG has landed), CROWD_LAG (no lag on SMs that
-// hold three busy CTAs).
+// Meta-parameters (defines, chosen by the host): BLOCK_M (tokens per plan block, a multiple of
+// 8 up to 48: at 56 and 64 the consumers do not fit the 168 registers of 9 warps without
+// spilling), STAGES (ring depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes
+// STAGES to match), CLUSTER (8, 4 or 1; the host lays the weights out for it).
+//
+// The kernel body is the sequence of its stages: set-up, then the producer warp
+// (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
+// its epilogue reduce_out), then the cluster's final barrier.
 
 #ifndef BLOCK_M
 #define BLOCK_M 8
@@ -94,32 +97,6 @@
 #define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2, 4 or 16
 #define KBC (CLUSTER == 1 ? 1 : 8 / MT1)  // k blocks per GEMM1 chunk (8 warps = KBC x MT1): 4, 2 or 1
 #define X_ROW (KBC * GROUP + 16)  // shared row of a chunk's activations: + 16 bytes (no bank conflicts)
-// In launches of one round (no more items than clusters) the producer issues chunk g >= STAGES
-// only once chunk g - LAG has landed, so few of its copies wait in the SM's bulk copy engine:
-// faster at A8 and Q8 on the H200 (the first ring goes out at once: START_NOLAG in
-// docs/kernels.md); in launches of several rounds it cost A128 about 1.5%, so there the
-// producer streams as far ahead as the ring allows (docs/kernels.md, "One CTA an item").
-#ifndef LAG
-#define LAG 2
-#endif
-// Only SMs with fewer than three busy CTAs lag (see the producer); built where an SM holds three,
-// at BLOCK_M 8 (at 16 the count spilled; the sanitizer's small launches set it to exercise the
-// counts).
-#ifndef CROWD_LAG
-#define CROWD_LAG (MIN_CTAS_PER_SM >= 3 && BLOCK_M == 8)
-#endif
-// The producer's first trip at kernel entry (see the set-up), in clusters of 4 (the default);
-// the others load it after the set-up, as every later item's: held in registers through the
-// set-up, it spilled clusters of 8 at BLOCK_M 16 (NVRTC) and one CTA an item at BLOCK_M 16 (nvcc
-// 13.0). By cp.async into shared memory instead, it was no faster than the old start.
-#define FIRST_AT_ENTRY (CLUSTER == 4)
-// Item 0's first EARLY_CHUNKS chunks of weights go out as soon as its expert is known, before
-// its meta (see the producer); 0: with their rows, after the meta, as every later chunk.
-#ifndef EARLY_CHUNKS
-#define EARLY_CHUNKS 2
-#endif
-static_assert(EARLY_CHUNKS >= 0 && EARLY_CHUNKS <= 2, "EARLY_CHUNKS: 0, 1 or 2");
-#define EARLY_RING (EARLY_CHUNKS < STAGES ? EARLY_CHUNKS : STAGES)  // (the ring holds them)
 #define RED_FLOATS (CLUSTER == 1 ? 0 : 8 * 16 * BLOCK_M)  // GEMM1's per-warp partials (none alone)
 #define LOG2_MT1 (CLUSTER == 8 ? 1 : 2)
 #define LOG2_CLUSTER (CLUSTER == 8 ? 3 : 2)
@@ -129,8 +106,31 @@ static_assert(EARLY_CHUNKS >= 0 && EARLY_CHUNKS <= 2, "EARLY_CHUNKS: 0, 1 or 2")
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
-static_assert(LAG <= STAGES, "the lag waits on a chunk still in the ring");
 static_assert(CLUSTER == 1 || CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 1, 4 or 8");
+
+// Behaviour that follows from the meta-parameters (not switches):
+// In launches of one round (no more items than clusters) the producer issues chunk g >= STAGES
+// only once chunk g - LAG has landed, so that few of its copies wait in the SM's bulk copy
+// engine; the first ring goes out at once. Launches of several rounds stream as far ahead as the
+// ring allows: there every SM's engine has the next item's chunks to serve.
+constexpr int LAG = 2;
+// Where an SM holds three busy CTAs (BLOCK_M 8 at three CTAs an SM) its producers do not lag:
+// their copies share one engine, which the lag would leave idle. Not at BLOCK_M 16, where the
+// count of busy CTAs does not fit the register budget without spilling.
+constexpr bool CROWD_LAG = MIN_CTAS_PER_SM >= 3 && BLOCK_M == 8;
+// Clusters of 4 (the default) load the producer's first trip at kernel entry, before the set-up;
+// the others load it after the set-up, as every later item's: held in registers through the
+// set-up, it spills clusters of 8 and one CTA an item at BLOCK_M 16.
+constexpr bool FIRST_AT_ENTRY = CLUSTER == 4;
+// Item 0's first EARLY_CHUNKS chunks of weights go out as soon as its expert is known, before
+// its meta (the ring is empty then; more would delay the meta's copies behind them).
+constexpr int EARLY_CHUNKS = 2;
+// Independent accumulator chains mma_block spreads its four k steps over, summed at the end:
+// each e4m3 step is two dependent HMMA.16816 on sm_90, so one chain is eight HMMAs deep, and the
+// consumers' GEMM2 at the end of a launch waits on that latency. One chain at BLOCK_M 16 with
+// three CTAs an SM, where two spill.
+constexpr int MMA_CHAINS = BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2;
+static_assert(LAG <= STAGES && EARLY_CHUNKS <= STAGES, "the lag and the early chunks wait on chunks still in the ring");
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -275,34 +275,24 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint4& a, u32 b0, 
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
-// MMA_CHAINS (1 or 2): independent accumulator chains mma_block spreads its four steps over, summed
-// at the end. On sm_90 each e4m3 step is two dependent HMMA.16816 after its operands are unpacked to
-// F16, so one chain is eight HMMAs deep; the consumers' GEMM2 at the end of a launch is bound by that
-// latency, not by its copies (docs/kernels.md, "GEMM2's tail"). Two chains: 1.017-1.023 at A8, A128
-// and Q8 on the H200, 1.003 at Q128 (four measured slower at Q8). One at BLOCK_M 16 with three CTAs
-// an SM, where two spill.
-#ifndef MMA_CHAINS
-#define MMA_CHAINS (BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2)
-#endif
-static_assert(MMA_CHAINS == 1 || MMA_CHAINS == 2, "MMA_CHAINS: 1 or 2");
-
 // Four k32 steps over one 128-wide k block: a[s] are the A fragments, `b` the lane's 32 bytes
-// of its token row (words 2s, 2s+1 feed k-step s, see the permutation above).
+// of its token row (words 2s, 2s+1 feed k-step s, see the permutation above), spread over
+// MMA_CHAINS accumulator chains.
 __device__ __forceinline__ void mma_block(float (&d)[4], const uint4 (&a)[4], const uint4& blo, const uint4& bhi) {
-#if MMA_CHAINS == 1
-    mma_e4m3(d, a[0], blo.x, blo.y);
-    mma_e4m3(d, a[1], blo.z, blo.w);
-    mma_e4m3(d, a[2], bhi.x, bhi.y);
-    mma_e4m3(d, a[3], bhi.z, bhi.w);
-#else
-    float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma_e4m3(d, a[0], blo.x, blo.y);
-    mma_e4m3(q, a[1], blo.z, blo.w);
-    mma_e4m3(d, a[2], bhi.x, bhi.y);
-    mma_e4m3(q, a[3], bhi.z, bhi.w);
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] += q[i];
-#endif
+    if constexpr (MMA_CHAINS == 1) {
+        mma_e4m3(d, a[0], blo.x, blo.y);
+        mma_e4m3(d, a[1], blo.z, blo.w);
+        mma_e4m3(d, a[2], bhi.x, bhi.y);
+        mma_e4m3(d, a[3], bhi.z, bhi.w);
+    } else {
+        float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_e4m3(d, a[0], blo.x, blo.y);
+        mma_e4m3(q, a[1], blo.z, blo.w);
+        mma_e4m3(d, a[2], bhi.x, bhi.y);
+        mma_e4m3(q, a[3], bhi.z, bhi.w);
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) d[i] += q[i];
+    }
 }
 
 // Four floats -> four e4m3 codes (round to nearest even, saturating), low byte first.
@@ -325,57 +315,11 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
 }
 
 // The divisions here and in the requant are __fdividef (x times an approximate reciprocal, 2 ulp
-// at most) and the exponential is __expf. IEEE division branches, for some operands, to a
-// slow-path subroutine at the end of the code; with it the SwiGLU took 2.8 us of Q8's launch in
-// the trace, 0.5 us without (docs/kernels.md; why the call costs that much behind the weight
-// stream is not shown). 2 ulp of FP32 moves an E4M3 code (3 mantissa bits) only at a rounding
-// tie, far inside the parity tolerance. For v below about -88, __expf(-v) is inf and the
-// quotient 0, as silu's limit.
+// at most) and the exponential is __expf: IEEE division branches, for some operands, to a
+// slow-path subroutine, which stalls the SwiGLU behind the weight stream. 2 ulp of FP32 moves an
+// E4M3 code (3 mantissa bits) only at a rounding tie, far inside the parity tolerance. For v
+// below about -88, __expf(-v) is inf and the quotient 0, as silu's limit.
 __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
-
-// Phase timestamps, for diagnosis only (scripts/trace_fused.py). With MOEBENCH_TRACE defined
-// as the address of a zeroed u64 buffer [gridDim.x][TRACE_SLOTS], chosen threads store
-// %globaltimer (ns) at fixed points of the kernel; undefined (every arm build), TRACE
-// compiles to nothing. Slots: 0 entry, 1 %smid, 2 first chunks issued, 3 first meta's reads
-// issued (producer), 4 producer done, 5 consumers done, 6 exit, 7 items; then per item n < 8, at
-// 8 + 5n: meta ready, first chunk landed, GEMM1 done, exchange done, GEMM2 done (consumers);
-// item 0's chunk j < 16: seen landed by the consumers at 48 + j, issued at 64 + j; item 0's
-// exchange (tid 0): partial sums shared 80, cluster joined 81, SwiGLU sent 82, requant done 83,
-// exchange bytes expected 84, first column's sums read 85, its SwiGLU computed 86 (94 and 95
-// hold values from those steps: storing them orders the stamps after the work); the producer's
-// start: barriers initialised 91, the set-up's block barrier passed 92, it begins 90, the padded
-// total and item 0's expert returned 87, item 0's slot ids returned 89.
-// The stamps go to shared memory and are copied out at the CTA's exit, so that no global store
-// sits before a barrier of the traced kernel (a release would wait for it).
-#define TRACE_SLOTS 256  // 0-127 as above (96 + j: chunk j < 16 past its waits, about to be copied; 113-121: steps of the
-                         // producer's start, see begin_meta, issue and the early chunks; 122-127: GEMM2's first three
-                         // chunks, mma done and reductions issued, by thread 0); 128 + s: clock64 at stamp s
-#ifdef MOEBENCH_TRACE
-__shared__ u64 trace_smem[TRACE_SLOTS];
-__device__ __forceinline__ void trace_store(int slot, u64 v) {
-    reinterpret_cast<volatile u64*>(trace_smem)[slot] = v;
-}
-__device__ __forceinline__ void trace_flush(int tid) {
-    __syncthreads();
-    for (int i = tid; i < TRACE_SLOTS; i += blockDim.x)
-        reinterpret_cast<u64*>(MOEBENCH_TRACE)[blockIdx.x * TRACE_SLOTS + i] = trace_smem[i];
-}
-__device__ __forceinline__ u64 globaltimer() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
-    return t;
-}
-__device__ __forceinline__ u64 smid() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-    return r;
-}
-#define TRACE(cond, slot) do { if (cond) { trace_store(128 + (slot), clock64()); trace_store((slot), globaltimer()); } } while (0)
-#define TRACE_VALUE(cond, slot, v) do { if (cond) trace_store((slot), (v)); } while (0)
-#else
-#define TRACE(cond, slot) do { } while (0)
-#define TRACE_VALUE(cond, slot, v) do { } while (0)
-#endif
 
 // ------------------------------------------------------------------------------ shared layout
 // Offsets in bytes from the dynamic shared base; fused_arm.py mirrors this (shared_bytes()).
@@ -445,7 +389,7 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
     return s;
 }
 
-// ------------------------------------------------------------------------------ the kernel
+// ------------------------------------------------------------------------------ the stages
 
 // K-derived sizes of one CTA's work.
 struct Dims {
@@ -465,6 +409,750 @@ __device__ __forceinline__ Dims dims_of(int K) {
     d.MB = meta_bytes(d.KB);
     return d;
 }
+
+// The kernel's arguments, as one record for the stages (see moebench_fused_moe).
+struct Args {
+    const u8* x; const float* x_scale;
+    const u8* w1f; const float* w1_scale;
+    const u8* w2f; const float* w2_scale;
+    const int* sorted_token_ids; const int* expert_ids;
+    const int* num_tokens_post_padded; const float* topk_weights;
+    unsigned short* out;
+    int* work;
+    int num_slots, top_k, K, E, max_blocks, G;
+};
+
+// Where this CTA is: its rank in the cluster, its cluster and the clusters of the grid.
+struct Place {
+    int tid, warp, lane;
+    u32 rank;
+    int cid, ncl;
+};
+
+// The producer's first trip to memory: the padded total, item 0's expert id and its slot ids.
+struct FirstTrip {
+    int ntpp = 0, expert = -1;
+    Sids sid;
+};
+
+// ---- kernel entry (clusters of 4: FIRST_AT_ENTRY). The producer's first trip goes out before
+// the set-up, which takes a long part of a cold launch: into registers (block cid / G <
+// max_blocks, see the producer). And one line of each buffer whose address is known now,
+// prefetched to L2.
+__device__ __forceinline__ void first_trip_at_entry(FirstTrip& f, const Args& a, const Place& p) {
+    f.ntpp = __ldg(a.num_tokens_post_padded);
+    f.expert = __ldg(a.expert_ids + p.cid / a.G);
+    #pragma unroll
+    for (int q = 0; q < (BLOCK_M + 31) / 32; ++q) {
+        const int r = p.lane + 32 * q;
+        f.sid.v[q] = r < BLOCK_M ? __ldg(a.sorted_token_ids + static_cast<size_t>(p.cid / a.G) * BLOCK_M + r) : -1;
+    }
+    const int lane = p.lane;
+    const void* warm = lane == 0 ? static_cast<const void*>(a.x) : lane == 1 ? static_cast<const void*>(a.x_scale)
+                     : lane == 2 ? static_cast<const void*>(a.w1_scale) : lane == 3 ? static_cast<const void*>(a.w2_scale)
+                     : lane == 4 ? static_cast<const void*>(a.topk_weights) : lane == 5 ? static_cast<const void*>(a.out) : nullptr;
+    if (warm != nullptr) prefetch_l2(warm);
+}
+
+// ---- set-up: barriers, the zeroed activation ring, the start of the cluster barrier. The
+// K-derived sizes and the shared layout are derived again in each warp role, from a K the
+// compiler cannot see through: values computed once here would live across both roles' loops
+// and crowd the consumers' register budget (they spill).
+__device__ __forceinline__ void set_up(u8* smem_base, int K, int tid) {
+    const Smem sm = carve(smem_base, K / GROUP);
+    if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
+
+    if (tid == 0) {
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(sm.full + 8 * st, 1);
+            mbar_init(sm.empty + 8 * st, CONSUMERS); // every consumer thread arrives
+        }
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(sm.mfull + 8 * b, 32);         // the producer warp's lanes
+            mbar_init(sm.mempty + 8 * b, CONSUMERS);
+        }
+        mbar_init(sm.abar, 1);                       // local expect_tx; bytes from CLUSTER CTAs
+        mbar_init(sm.aempty, CLUSTER);               // one arrival per reading CTA
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(sm.tfull + 8 * b, 1);          // local expect_tx; 4 bytes from rank 0
+            mbar_init(sm.tempty + 8 * b, CLUSTER);   // one arrival per CTA that read the ticket
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    // The activation ring starts zeroed: padding rows are never copied (see the header).
+    for (int i = tid; i < STAGES * BLOCK_M * X_ROW / 16; i += THREADS)
+        reinterpret_cast<uint4*>(sm.xring)[i] = make_uint4(0, 0, 0, 0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
+}
+
+// ---- the producer warp (warp 8). Item n's chunks stream into the ring while item n + 1's meta
+// is built in steps, one step after each chunk issued (from chunk STAGES on, when the consumers
+// have left item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
+// weight scales, then the activation scales and route weights in batches. Each step is one trip
+// to memory, shorter than the STAGES chunks the ring holds, so the meta is ready before the
+// consumers need it and the next item's chunks follow the last ones without a gap. Item 0 is
+// built first, in the same steps; the padded total, its expert id and its slot ids come from the
+// first trip (block cid / G < max_blocks: the host launches at most max_blocks * G clusters; the
+// plan buffers hold max_blocks).
+struct Producer {
+    static constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
+    static constexpr int XB = BLOCK_M >= 32 ? 4 : 8;  // scale loads in flight a lane (4 from 32: no spill)
+
+    Args a;
+    const FirstTrip& first;
+    int lane, cid, ncl;
+    u32 rank;
+    int KB, n1, mt2, total;
+    u32 MB;
+    Smem sm;
+    int ntpp, first_e, nblocks, items, nx, nsteps;
+    bool rows;     // item 0's meta by async copies (scale rows 16-byte aligned)
+    u32 gc = 0;    // chunks issued
+    u32 tk = 0;    // tickets taken
+    // CROWD_LAG: each busy CTA of a one-round launch adds 1 to its SM's count in work[2 + smid]
+    // as its first ring goes out, and takes it back at its end. The producer reads the count once
+    // a chunk of its first ring has landed (chunk STAGES's lag), after every CTA's first ring
+    // went out, and uses it from chunk 2 * STAGES on, so that no issue waits for the load; before
+    // that it lags.
+    int* sm_count = nullptr;
+    int crowd = 0;         // lane 0: the count
+    bool counted = false;
+    // The item being built: its index and expert (-1: no more work). Everything else of it
+    // lives in its meta slot between steps (the register budget is the consumers').
+    int w, e = -1;
+    // Work after each cluster's first item comes from the `work` counter: rank 0 takes a
+    // ticket (the atomic goes out one step before its value is needed) and sends it to
+    // every CTA of the cluster (st.async into `tick`, completing on each one's `tfull`);
+    // each reader arrives on rank 0's `tempty` before the slot is reused. Every wait is
+    // taken by the whole warp (a lane spinning alone stalls compute-sanitizer).
+    // With no more items than clusters every ticket would say "no more work": none is taken.
+    bool queue;
+    int ticket = 0;  // rank 0: the counter's value, in flight
+
+    __device__ __forceinline__ Producer(const Args& args, u8* smem_base, const FirstTrip& f, const Place& p)
+        : a(args), first(f), lane(p.lane), cid(p.cid), ncl(p.ncl), rank(p.rank) {
+        const Dims d = dims_of(launder(a.K));
+        KB = d.KB; n1 = d.n1; mt2 = d.mt2; total = d.total;
+        MB = d.MB;
+        sm = carve(smem_base, KB);
+        ntpp = FIRST_AT_ENTRY ? first.ntpp : __ldg(a.num_tokens_post_padded);
+        first_e = FIRST_AT_ENTRY ? first.expert : __ldg(a.expert_ids + cid / a.G);
+        nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, a.max_blocks);
+        items = max(nblocks, 0) * a.G;
+        nx = (KB * BLOCK_M + 32 * XB - 1) / (32 * XB);  // activation-scale batches
+        nsteps = 4 + nx;  // ticket out, ticket in, expert id, tokens + weight scales, nx batches
+        rows = (KB & 3) == 0 &&
+            ((reinterpret_cast<size_t>(a.x_scale) | reinterpret_cast<size_t>(a.w1_scale)) & 15) == 0;
+        if constexpr (CROWD_LAG) {
+            u32 sm_id;
+            asm("mov.u32 %0, %%smid;" : "=r"(sm_id));
+            sm_count = a.work + 2 + (sm_id & 255);
+        }
+        w = cid;
+        queue = items > ncl;
+    }
+
+    __device__ __forceinline__ bool lag_here() const {
+        if constexpr (CROWD_LAG) return gc < 2 * STAGES || __shfl_sync(0xffffffffu, crowd, 0) < 3;
+        return true;
+    }
+
+    __device__ __forceinline__ void request_ticket() {
+        if (queue && rank == 0 && lane == 0) ticket = atomicAdd(a.work, 1);
+    }
+
+    __device__ __forceinline__ void receive_ticket() {
+        if (!queue) { w += ncl; return; }
+        if (tk == 0) cluster_wait_acquire();  // every CTA's barriers exist: tickets may be sent
+        const u32 b = tk & 1, par = (tk >> 1) & 1;
+        if (rank == 0) mbar_wait(sm.tempty + 8 * b, par ^ 1);  // every CTA read ticket tk - 2
+        if (lane == 0) {
+            mbar_arrive_expect_tx(sm.tfull + 8 * b, 4);
+            if (rank == 0)
+                for (u32 r = 0; r < CLUSTER; ++r)
+                    st_async_b32(mapa(smem_u32(sm.tick + b), r), ncl + ticket, mapa(sm.tfull + 8 * b, r));
+        }
+        mbar_wait_cluster(sm.tfull + 8 * b, par);
+        w = *reinterpret_cast<volatile int*>(sm.tick + b);
+        __syncwarp();
+        if (lane == 0) mbar_arrive_remote(mapa(sm.tempty + 8 * b, 0));
+        ++tk;
+    }
+
+    // w -> the next valid item from w on (e < 0: none left).
+    __device__ __forceinline__ void find_item() {
+        for (;;) {
+            if (w >= items) { e = -1; return; }
+            e = __ldg(a.expert_ids + w / a.G);
+            if (e >= 0 && e < a.E) return;
+            request_ticket();
+            receive_ticket();
+        }
+    }
+
+    // The meta of item n: header, tokens, route weights, scales (or the end marker); only the
+    // plan's slot ids are waited for here.
+    //  - Item 0, with 16-byte aligned scale rows, by async copies that go out before its first
+    //    chunks' activation rows, so they do not queue behind every CTA's first STAGES chunks in
+    //    HBM: the activation-scale rows and the gate/up scale rows by the bulk copy engine
+    //    (completing on the slot's `mfull` with expect_tx), the route weights and down scales as
+    //    4-byte cp.async gathers (cp_async_arrive: the phase waits for them too). The meta is
+    //    complete when begin_meta returns.
+    //  - Every other item (and item 0 without aligned rows) by loads into registers, one trip a
+    //    build step: weight scales here, the slot ids stashed as route weights until scale_batch 0
+    //    loads them, the activation scales in nx batches, the last of which arrives. (Async copies
+    //    would queue in the SM's copy engine behind the ring's chunks.)
+    __device__ __forceinline__ void begin_meta(int n) {
+        const int slot = n & 1;
+        const int G = a.G;
+        mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
+        const Meta m = meta_at(sm.meta + slot * MB, KB);
+        const int block = w / G, g = w - block * G;
+        if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
+        if (e < 0) {
+            __syncwarp();
+            mbar_arrive(sm.mfull + 8 * slot);
+            return;
+        }
+        const bool async = rows && n == 0;
+        int sid[RW];
+        #pragma unroll
+        for (int q = 0; q < RW; ++q) {
+            const int r = lane + 32 * q;
+            if (FIRST_AT_ENTRY && n == 0 && w == cid) { sid[q] = first.sid.v[q]; continue; }  // the first trip's
+            sid[q] = r < BLOCK_M ? __ldg(a.sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
+        }
+        const float* s1 = a.w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;  // gate row; up row at + G * KB
+        const float* s2 = a.w2_scale + static_cast<size_t>(e) * KB * G + g;        // down, stride G
+        if (!async) {  // weight scales, one k block a lane at a time
+            for (int i = lane; i < KB; i += 32) {
+                const float gate = __ldg(s1 + i), up = __ldg(s1 + G * KB + i), down = __ldg(s2 + i * G);
+                m.w1s[i] = gate; m.w1s[KB + i] = up; m.w2s[i] = down;
+            }
+        }
+        int tok[RW];
+        int valid = 0;
+        #pragma unroll
+        for (int q = 0; q < RW; ++q) {
+            const int r = lane + 32 * q;
+            const bool ok = r < BLOCK_M && sid[q] >= 0 && sid[q] < a.num_slots;
+            tok[q] = ok ? sid[q] / a.top_k : -1;
+            if (r < BLOCK_M) {
+                m.tok[r] = tok[q];
+                if (!async) reinterpret_cast<int*>(m.rw)[r] = ok ? sid[q] : -1;  // the slot, until its route weight
+                else if (ok) cp_async4(m.rw + r, a.topk_weights + sid[q]);
+                else m.rw[r] = 0.0f;
+            }
+            valid += __popc(__ballot_sync(0xffffffffu, ok));
+        }
+        if (lane == 0) m.hdr[3] = valid;  // tokens with activation rows to copy
+        if (async) {
+            if (lane == 0) mbar_expect_tx(sm.mfull + 8 * slot, (valid + 2) * KB * 4);
+            __syncwarp();
+            #pragma unroll
+            for (int q = 0; q < RW; ++q) {
+                const int r = lane + 32 * q;
+                if (r >= BLOCK_M) continue;
+                float* row = m.xs + r * (KB + 4);
+                if (tok[q] >= 0)
+                    bulk_copy(smem_u32(row), a.x_scale + static_cast<size_t>(tok[q]) * KB, KB * 4, sm.mfull + 8 * slot);
+                else
+                    for (int k = 0; k < KB; k += 4) *reinterpret_cast<float4*>(row + k) = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            if (lane < 2) bulk_copy(smem_u32(m.w1s + lane * KB), s1 + lane * G * KB, KB * 4, sm.mfull + 8 * slot);
+            for (int i = lane; i < KB; i += 32) cp_async4(m.w2s + i, s2 + i * G);
+            cp_async_arrive(sm.mfull + 8 * slot);
+        }
+        __syncwarp();
+        if (async) mbar_arrive(sm.mfull + 8 * slot);
+    }
+
+    // Activation-scale batch x of the register path (the first also loads the route
+    // weights); the last arrives.
+    __device__ __forceinline__ void scale_batch(int n, int x) {
+        const int slot = n & 1;
+        const Meta m = meta_at(sm.meta + slot * MB, KB);
+        float rw[RW];
+        if (x == 0) {
+            #pragma unroll
+            for (int q = 0; q < RW; ++q) {
+                const int r = lane + 32 * q;
+                const int sl = r < BLOCK_M ? reinterpret_cast<const int*>(m.rw)[r] : -1;
+                rw[q] = sl >= 0 ? __ldg(a.topk_weights + sl) : 0.0f;
+            }
+        }
+        const int base = lane + 32 * XB * x;
+        float v[XB];
+        #pragma unroll
+        for (int u = 0; u < XB; ++u) {
+            const int i = base + 32 * u;  // token i % BLOCK_M, k block i / BLOCK_M
+            v[u] = 0.0f;
+            if (i < KB * BLOCK_M) {
+                const int t = m.tok[i % BLOCK_M];
+                if (t >= 0) v[u] = __ldg(a.x_scale + static_cast<size_t>(t) * KB + i / BLOCK_M);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < XB; ++u) {
+            const int i = base + 32 * u;
+            if (i < KB * BLOCK_M) m.xs[(i % BLOCK_M) * (KB + 4) + i / BLOCK_M] = v[u];
+        }
+        if (x == 0) {
+            #pragma unroll
+            for (int q = 0; q < RW; ++q)
+                if (lane + 32 * q < BLOCK_M) m.rw[lane + 32 * q] = rw[q];
+        }
+        if (x == nx - 1) {
+            __syncwarp();
+            mbar_arrive(sm.mfull + 8 * slot);
+        }
+    }
+
+    // Step s of building item n > 0 (item 0 is the cluster's own: no ticket).
+    __device__ __forceinline__ void build_step(int n, int s) {
+        if (s == 0) request_ticket();
+        else if (s == 1) receive_ticket();
+        else if (s == 2) find_item();
+        else if (s == 3) begin_meta(n);
+        else if (e >= 0) scale_batch(n, s - 4);
+    }
+
+    // Chunk j of item n (expert, group and valid tokens from its meta header, not held in
+    // registers): weights, and for GEMM1 the block's activation rows.
+    __device__ __forceinline__ void issue(int n, int j) {
+        const int K = a.K;
+        const u32 st = gc % STAGES;
+        if (!queue && gc >= STAGES && lag_here()) {  // one round, past the first ring: chunk gc - LAG has landed
+            const u32 pg = gc - LAG;
+            mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
+        }
+        if constexpr (CROWD_LAG) {
+            if (gc == STAGES && counted) crowd = *reinterpret_cast<volatile int*>(sm_count);  // (settled: see above)
+        }
+        mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
+        const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
+        const size_t cta = (static_cast<size_t>(m.hdr[0]) * a.G + m.hdr[1]) * CLUSTER + rank;
+        if (j < n1) {
+            const u8* w1_cta = a.w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
+            const int valid = m.hdr[3];
+            const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
+            const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
+            if (lane == 0) {
+                // item 0's first chunks: their weights are on their way (see start)
+                const bool out = n == 0 && j < EARLY_CHUNKS;
+                mbar_arrive_expect_tx(sm.full + 8 * st, (out ? 0 : wbytes) + valid * abytes);
+                if (!out)
+                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                              wbytes, sm.full + 8 * st);
+            }
+            for (int r = lane; r < BLOCK_M; r += 32) {
+                const int t = m.tok[r];
+                if (t >= 0)
+                    bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
+                              a.x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
+            }
+        } else if (lane == 0) {
+            const u8* w2_cta = a.w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
+            const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
+            mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+            bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+                      wbytes, sm.full + 8 * st);
+        }
+        ++gc;
+    }
+
+    // Item 0: its meta's copies go out before its first chunks' activation rows and its third
+    // chunk (the ring is free), so they do not queue behind every CTA's first STAGES chunks in
+    // HBM; only the first EARLY_CHUNKS chunks' weights go ahead of them. Its expert id came
+    // with the padded total; a bad one falls through to the queue. Returns the chunks of item 0
+    // issued.
+    __device__ __forceinline__ int start() {
+        const int K = a.K, G = a.G;
+        if (w < items) {
+            e = first_e;
+            if (e < 0 || e >= a.E) { request_ticket(); receive_ticket(); find_item(); }
+        }
+        if (e >= 0 && lane < 2) {  // item 0's weight pages: GEMM1's first chunk, GEMM2's
+            const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
+            prefetch_l2(lane == 0 ? a.w1f + cta * (2 * COLS) * static_cast<size_t>(K)
+                                  : a.w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K));
+        }
+        // Item 0's first chunks of weights go out now, before its meta: they need only the
+        // expert, and HBM has nothing else to do until the meta's copies and the first chunks
+        // would go out (the producer's start is a chain of slow steps). Each is counted on its
+        // stage by expect_tx alone, so no stage completes before issue() adds the chunk's
+        // activation rows and arrives.
+        if (lane == 0 && e >= 0) {  // stages 0.. are free: nothing was issued yet
+            const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
+            const u8* src = a.w1f + cta * (2 * COLS) * static_cast<size_t>(K);
+            const u32 wb = min(KBC, KB) * MT1 * 2048;  // chunk 0
+            mbar_expect_tx(sm.full, wb);
+            bulk_copy(smem_u32(sm.ring), src, wb, sm.full);
+            if (n1 > 1) {  // chunk 1 (n1 > 1: KB > KBC)
+                const u32 wb1 = min(KBC, KB - KBC) * MT1 * 2048;
+                mbar_expect_tx(sm.full + 8, wb1);
+                bulk_copy(smem_u32(sm.ring + CHUNK_BYTES), src + CHUNK_BYTES, wb1, sm.full + 8);
+            }
+        }
+        begin_meta(0);
+        int pre = 0;
+        if (e >= 0) {
+            if (!rows) for (int x = 0; x < nx; ++x) scale_batch(0, x);
+            pre = min(STAGES, total);
+            if constexpr (CROWD_LAG) {
+                if (!queue && lane == 0) { atomicAdd(sm_count, 1); counted = true; }
+            }
+            for (int j = 0; j < pre; ++j) issue(0, j);
+        }
+        return pre;
+    }
+
+    // Every item's chunks, each next item's meta built between them.
+    __device__ __forceinline__ void stream(int pre) {
+        for (int n = 0; e >= 0; ++n) {
+            // item n's meta is in slot n & 1; e is its expert until its successor's build
+            int s = 0;
+            for (int j = n == 0 ? pre : 0; j < total; ++j) {
+                issue(n, j);
+                if (j >= STAGES && s < nsteps) build_step(n + 1, s++);
+            }
+            for (; s < nsteps; ++s) build_step(n + 1, s);
+        }
+    }
+
+    // This cluster takes no more tickets; the last one out zeroes the counter for the next
+    // launch (its tickets' atomics returned before: their values decided the end).
+    __device__ __forceinline__ void finish() {
+        if (queue && rank == 0 && lane == 0 && atom_add_acq_rel(a.work + 1, 1) == ncl - 1) {
+            atomicExch(a.work, 0);
+            atomicExch(a.work + 1, 0);
+        }
+        if constexpr (CROWD_LAG) {
+            if (counted) atomicSub(sm_count, 1);
+        }
+        if (tk == 0) cluster_wait_acquire();  // (joined at the first ticket otherwise)
+    }
+};
+
+__device__ __forceinline__ void produce_items(const Args& a, u8* smem_base, const FirstTrip& first, const Place& p) {
+    Producer producer(a, smem_base, first, p);
+    const int pre = producer.start();
+    producer.stream(pre);
+    producer.finish();
+}
+
+// ---- the consumer warps (0-7): what every stage of an item needs of this thread and CTA.
+struct Consumer {
+    Args a;
+    int tid, warp, lane;
+    u32 rank;
+    int KB, n1, mt2, total;
+    u32 MB;
+    Smem sm;
+    int gq, tq;            // mma groupID, threadID_in_group
+    int mt, kb_in_chunk;   // GEMM1 of a cluster: this warp's m-tile and k block of each chunk
+    int row0;              // GEMM2: this CTA's first output column (row of w2)
+    u32 gc = 0;            // chunks consumed
+
+    __device__ __forceinline__ Consumer(const Args& args, u8* smem_base, const Place& p)
+        : a(args), tid(p.tid), warp(p.warp), lane(p.lane), rank(p.rank) {
+        const Dims d = dims_of(launder(a.K));
+        KB = d.KB; n1 = d.n1; mt2 = d.mt2; total = d.total;
+        MB = d.MB;
+        sm = carve(smem_base, KB);
+        gq = lane >> 2; tq = lane & 3;
+        mt = warp & (MT1 - 1); kb_in_chunk = warp >> LOG2_MT1;
+        row0 = rank * (a.K / CLUSTER);
+    }
+};
+
+// ---- GEMM1, one CTA an item: h[256 rows, BLOCK_M] over K. Warp w: gate m-tile w and up m-tile
+// w (the same 16 columns) of every chunk (one k block, 32 KB): per chunk and warp 4 KB, 8*NT
+// mma, and SwiGLU needs no other warp's sums.
+__device__ __forceinline__ void gemm1_alone(Consumer& c, const Meta& m, float (&acc)[2][NT][4]) {
+    const int KB = c.KB, warp = c.warp, lane = c.lane, gq = c.gq, tq = c.tq;
+    const Smem& sm = c.sm;
+    #pragma unroll
+    for (int h = 0; h < 2; ++h)
+        #pragma unroll
+        for (int t = 0; t < NT; ++t) acc[h][t][0] = acc[h][t][1] = acc[h][t][2] = acc[h][t][3] = 0.0f;
+    for (int j = 0; j < c.n1; ++j, ++c.gc) {
+        const u32 st = c.gc % STAGES;
+        mbar_wait(sm.full + 8 * st, (c.gc / STAGES) & 1);
+        const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // up tile at + 8 tiles
+        uint4 a[2][4];
+        #pragma unroll
+        for (int h = 0; h < 2; ++h)
+            #pragma unroll
+            for (int s = 0; s < 4; ++s) a[h][s] = *reinterpret_cast<const uint4*>(wa + h * 8 * 2048 + s * 512);
+        const float sw[2] = {m.w1s[j], m.w1s[KB + j]};  // gate, up
+        #pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + tq * 32;
+            const uint4 blo = *reinterpret_cast<const uint4*>(xb);
+            const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
+            const float x0 = m.xs[(t * 8 + 2 * tq) * (KB + 4) + j];
+            const float x1 = m.xs[(t * 8 + 2 * tq + 1) * (KB + 4) + j];
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_block(p, a[h], blo, bhi);
+                const float s0 = sw[h] * x0, s1 = sw[h] * x1;
+                acc[h][t][0] += p[0] * s0;
+                acc[h][t][1] += p[1] * s1;
+                acc[h][t][2] += p[2] * s0;
+                acc[h][t][3] += p[3] * s1;
+            }
+        }
+        __syncwarp();
+        mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
+    }
+}
+
+// ---- SwiGLU, one CTA an item: from the warp's own gate and up sums into afull (its last
+// readers, the requant of the item before, finished before that item's second consumer
+// barrier). C fragment i of n-tile t: row gq + 8 (i / 2), token 8t + 2tq + i % 2.
+__device__ __forceinline__ void swiglu_alone(const Consumer& c, int n, const float (&acc)[2][NT][4]) {
+    #pragma unroll
+    for (int t = 0; t < NT; ++t)
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+            c.sm.afull[(t * 8 + 2 * c.tq + (i & 1)) * GROUP + c.warp * 16 + c.gq + 8 * (i >> 1)] =
+                silu(acc[0][t][i]) * acc[1][t][i];
+    if (n == 0) cluster_wait_acquire();  // (the start's cluster barrier: a cluster of one)
+    named_sync_consumers();  // the group's 128 columns are here
+}
+
+// ---- GEMM1 of a cluster: h[2*COLS rows, BLOCK_M] over K. Warp w: the 16 rows of m-tile
+// mt = w % MT1 (gate tiles first, then up), the k block w / MT1 of every chunk. Per chunk and
+// warp: 2 KB of weights, 4*NT mma.
+__device__ __forceinline__ void gemm1_cluster(Consumer& c, const Meta& m, float (&acc)[NT][4]) {
+    const int KB = c.KB, lane = c.lane, gq = c.gq, tq = c.tq, mt = c.mt, kb_in_chunk = c.kb_in_chunk;
+    const Smem& sm = c.sm;
+    #pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    for (int j = 0; j < c.n1; ++j, ++c.gc) {
+        const u32 st = c.gc % STAGES;
+        mbar_wait(sm.full + 8 * st, (c.gc / STAGES) & 1);
+        const int kb = KBC * j + kb_in_chunk;
+        if (kb < KB) {
+            const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * MT1 + mt) * 2048 + lane * 16;
+            uint4 a[4];
+            #pragma unroll
+            for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
+            const float sw = m.w1s[(mt >= MT1 / 2) * KB + kb];  // gate or up
+            #pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + kb_in_chunk * GROUP + tq * 32;
+                const uint4 blo = *reinterpret_cast<const uint4*>(xb);
+                const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
+                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_block(p, a, blo, bhi);
+                const float s0 = sw * m.xs[(t * 8 + 2 * tq) * (KB + 4) + kb];
+                const float s1 = sw * m.xs[(t * 8 + 2 * tq + 1) * (KB + 4) + kb];
+                acc[t][0] += p[0] * s0;
+                acc[t][1] += p[1] * s1;
+                acc[t][2] += p[2] * s0;
+                acc[t][3] += p[3] * s1;
+            }
+        }
+        // Every thread that read stage st arrives (release), so each read is ordered before
+        // the producer's refill by its own arrival: compute-sanitizer's racecheck sees that,
+        // where it does not see one lane's arrival after __syncwarp cover the other lanes' reads.
+        __syncwarp();
+        mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
+    }
+}
+
+// ---- the exchange of a cluster: the KBC k-block partials per row, SwiGLU, st.async to all
+// CLUSTER CTAs; returns when the group's 128 columns are here.
+__device__ __forceinline__ void swiglu_exchange(const Consumer& c, int n, const float (&acc)[NT][4]) {
+    const int warp = c.warp, lane = c.lane, gq = c.gq, tq = c.tq;
+    const Smem& sm = c.sm;
+    #pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        float* r = sm.red + (warp * 16 + gq) * BLOCK_M + t * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(r) = make_float2(acc[t][0], acc[t][1]);
+        *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[t][2], acc[t][3]);
+    }
+    named_sync_consumers();
+    if (n == 0) cluster_wait_acquire();  // every CTA's barriers exist
+    if (c.tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
+    if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
+    {
+        // warp w stores into CTA w % CLUSTER, part w / CLUSTER of the 8 / CLUSTER parts
+        constexpr int PARTS = 8 / CLUSTER;
+        const u32 dst_rank = warp & (CLUSTER - 1);
+        const u32 rbar = mapa(sm.abar, dst_rank);
+        const int part = PARTS == 1 ? 0 : warp >> LOG2_CLUSTER;
+        for (int i = part * 32 + lane; i < BLOCK_M * (COLS / 4); i += 32 * PARTS) {
+            const int t = i >> LOG2_Q, q = i & (COLS / 4 - 1);  // token, 4 of this CTA's COLS columns
+            float a[4];
+            #pragma unroll
+            for (int k4 = 0; k4 < 4; ++k4) {
+                const int col = 4 * q + k4, tile = col >> 4, row = col & 15;
+                float hg = 0.0f, hu = 0.0f;
+                #pragma unroll
+                for (int k = 0; k < KBC; ++k) {
+                    hg += sm.red[((k * MT1 + tile) * 16 + row) * BLOCK_M + t];
+                    hu += sm.red[((k * MT1 + MT1 / 2 + tile) * 16 + row) * BLOCK_M + t];
+                }
+                a[k4] = silu(hg) * hu;
+            }
+            const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + c.rank * COLS + 4 * q), dst_rank);
+            st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
+        }
+    }
+    mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
+}
+
+// ---- requant per token over the group: warp w takes tokens w, w+8, ...
+__device__ __forceinline__ void requant(const Consumer& c, const Meta& m) {
+    const int lane = c.lane;
+    const Smem& sm = c.sm;
+    for (int t = c.warp; t < BLOCK_M; t += 8) {
+        const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float scale = fmaxf(__fdividef(amax, 448.0f), 1e-10f);
+        *reinterpret_cast<u32*>(sm.aq + t * AQ_ROW + lane * 4) =
+            pack_e4m3x4(__fdividef(v.x, scale), __fdividef(v.y, scale), __fdividef(v.z, scale),
+                        __fdividef(v.w, scale));
+        if (lane == 0) m.tmul[t] = scale * m.rw[t];
+    }
+    named_sync_consumers();
+}
+
+// ---- epilogue: one n-tile's C fragment p of the m-tile at rows rbase..: (row gq, token 2tq),
+// (gq, 2tq+1), (gq+8, 2tq), (gq+8, 2tq+1), times the down scale and requant scale x route
+// weight. Staged as [token][16 rows] in the warp's `stg`; lane 2u+h then adds rows 8h..8h+7 of
+// token u into the output (one 16-byte BF16 reduction).
+__device__ __forceinline__ void reduce_out(const Consumer& c, const Meta& m, float* stg, const float (&p)[4],
+                                           int t, float sw, int rbase) {
+    const int lane = c.lane, gq = c.gq, tq = c.tq;
+    const float f0 = sw * m.tmul[t * 8 + 2 * tq], f1 = sw * m.tmul[t * 8 + 2 * tq + 1];
+    stg[(2 * tq) * STG_ROW + gq] = p[0] * f0;
+    stg[(2 * tq + 1) * STG_ROW + gq] = p[1] * f1;
+    stg[(2 * tq) * STG_ROW + gq + 8] = p[2] * f0;
+    stg[(2 * tq + 1) * STG_ROW + gq + 8] = p[3] * f1;
+    __syncwarp();
+    if (lane < 16) {
+        const int u = lane >> 1, h = lane & 1;
+        const int tok = m.tok[t * 8 + u];
+        if (tok >= 0) {
+            const float* sv = stg + u * STG_ROW + 8 * h;
+            red_add_bf16x8(c.a.out + static_cast<size_t>(tok) * c.a.K + rbase + 8 * h,
+                           *reinterpret_cast<const float4*>(sv),
+                           *reinterpret_cast<const float4*>(sv + 4));
+        }
+    }
+    __syncwarp();
+}
+
+// One n-tile t of an m-tile whose A fragments are a[]: p = a . aq^T (FP32, unscaled).
+__device__ __forceinline__ void mma_aq(const Consumer& c, float (&p)[4], const uint4 (&a)[4], int t) {
+    const u8* ab = c.sm.aq + (t * 8 + c.gq) * AQ_ROW + c.tq * 32;
+    const uint4 blo = *reinterpret_cast<const uint4*>(ab);
+    const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
+    p[0] = p[1] = p[2] = p[3] = 0.0f;
+    mma_block(p, a, blo, bhi);
+}
+
+// ---- GEMM2: y[K/CLUSTER rows, BLOCK_M] for this CTA's rows, group g's 128 columns, each tile
+// through the epilogue. Warp w: m-tile w of every chunk (16 rows; and w + 8 of the 32 KB chunks
+// of CLUSTER 1); per tile 2 KB, 4*NT mma.
+__device__ __forceinline__ void gemm2(Consumer& c, const Meta& m) {
+    const int warp = c.warp, lane = c.lane;
+    const Smem& sm = c.sm;
+    float* stg = sm.stg + warp * 8 * STG_ROW;
+    for (int j = c.n1; j < c.total; ++j, ++c.gc) {
+        const u32 st = c.gc % STAGES;
+        mbar_wait(sm.full + 8 * st, (c.gc / STAGES) & 1);
+        const int mtile = CHUNK_TILES * (j - c.n1) + warp;  // m-tile within this CTA's rows
+        if constexpr (CLUSTER == 1) {
+            const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // tile mtile + 8 at + 8 tiles
+            uint4 a[2][4];
+            #pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (mtile + 8 * h < c.mt2)
+                    #pragma unroll
+                    for (int s = 0; s < 4; ++s) a[h][s] = *reinterpret_cast<const uint4*>(wa + h * 8 * 2048 + s * 512);
+            __syncwarp();
+            mbar_arrive(sm.empty + 8 * st);  // a[] holds the stage's tiles: it may be refilled
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (mtile + 8 * h >= c.mt2) continue;
+                const int rbase = c.row0 + (mtile + 8 * h) * 16;  // the tile's 16 rows share one scale block
+                const float sw = m.w2s[rbase / GROUP];
+                #pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    float p[4];
+                    mma_aq(c, p, a[h], t);
+                    reduce_out(c, m, stg, p, t, sw, rbase);
+                }
+            }
+        } else {
+            if (mtile < c.mt2) {
+                const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;
+                uint4 a[4];
+                #pragma unroll
+                for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
+                const int rbase = c.row0 + mtile * 16;  // the tile's 16 rows share one scale block
+                const float sw = m.w2s[rbase / GROUP];
+                #pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    float p[4];
+                    mma_aq(c, p, a, t);
+                    if (t == 0) {  // a[] is consumed: the stage may be refilled before the reductions
+                        __syncwarp();
+                        mbar_arrive(sm.empty + 8 * st);
+                    }
+                    reduce_out(c, m, stg, p, t, sw, rbase);
+                }
+            }
+            if (mtile >= c.mt2) {  // no tile of this chunk for this warp
+                __syncwarp();
+                mbar_arrive(sm.empty + 8 * st);
+            }
+        }
+    }
+}
+
+// Item by item until the producer's end marker: GEMM1, SwiGLU (with the exchange in a
+// cluster), requant, GEMM2 and its epilogue.
+__device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, const Place& p) {
+    Consumer c(a, smem_base, p);
+    int n = 0;  // items done; the first one joined the start's cluster barrier
+    for (;; ++n) {
+        const int slot = n & 1;
+        mbar_wait(c.sm.mfull + 8 * slot, (n >> 1) & 1);
+        const Meta m = meta_at(c.sm.meta + slot * c.MB, c.KB);
+        if (m.hdr[0] < 0) break;
+        if constexpr (CLUSTER == 1) {
+            float acc[2][NT][4];
+            gemm1_alone(c, m, acc);
+            swiglu_alone(c, n, acc);
+        } else {
+            float acc[NT][4];
+            gemm1_cluster(c, m, acc);
+            swiglu_exchange(c, n, acc);
+        }
+        requant(c, m);
+        gemm2(c, m);
+        // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
+        // queue behind the memory traffic in flight, and GEMM2's first chunk would wait behind it.
+        if constexpr (CLUSTER > 1) {
+            if (c.tid < CLUSTER) mbar_arrive_remote(mapa(c.sm.aempty, c.tid));
+        }
+        mbar_arrive(c.sm.mempty + 8 * slot);  // this thread is done with the item's meta
+    }
+    if (n == 0) cluster_wait_acquire();
+}
+
+// ------------------------------------------------------------------------------ the kernel
 
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MIN_CTAS_PER_SM)
 moebench_fused_moe(
@@ -487,696 +1175,17 @@ moebench_fused_moe(
     int num_slots, int top_k, int K, int E, int max_blocks, int G)
 {
     extern __shared__ __align__(128) u8 smem_base[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const u32 rank = cluster_ctarank();
-    const int cid = blockIdx.x / CLUSTER, ncl = gridDim.x / CLUSTER;
-    // The producer's first trip goes out before the set-up, which takes about 1 us of a cold
-    // launch: the padded total, item 0's expert id and its slot ids (block cid / G < max_blocks,
-    // see the producer), into registers. And one line of each buffer whose address is known now,
-    // prefetched to L2 (docs/kernels.md, "FAST_START": with the first ring's chunks out without
-    // the lag, 1.006-1.036 at Q8 on six H200s). Clusters of 4 only (FIRST_AT_ENTRY).
-    int first_ntpp = 0, first_expert = -1;
-    Sids first_sid;
-    if (FIRST_AT_ENTRY && warp == 8) {
-        first_ntpp = __ldg(num_tokens_post_padded);
-        first_expert = __ldg(expert_ids + cid / G);
-        #pragma unroll
-        for (int q = 0; q < (BLOCK_M + 31) / 32; ++q) {
-            const int r = lane + 32 * q;
-            first_sid.v[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(cid / G) * BLOCK_M + r) : -1;
-        }
-        const void* warm = lane == 0 ? static_cast<const void*>(x) : lane == 1 ? static_cast<const void*>(x_scale)
-                         : lane == 2 ? static_cast<const void*>(w1_scale) : lane == 3 ? static_cast<const void*>(w2_scale)
-                         : lane == 4 ? static_cast<const void*>(topk_weights) : lane == 5 ? static_cast<const void*>(out) : nullptr;
-        if (warm != nullptr) prefetch_l2(warm);
-    }
-    // Set-up. The K-derived sizes and the shared layout are derived again in each warp role,
-    // from a K the compiler cannot see through: values computed once here would live across
-    // both roles' loops and crowd the consumers' register budget (they spilled).
-    {
-    const Smem sm = carve(smem_base, K / GROUP);
-    TRACE(tid == 0, 0);
-    TRACE_VALUE(tid == 0, 1, smid());
-#ifdef MOEBENCH_TRACE
-    for (int i = 2 + tid; i < TRACE_SLOTS; i += THREADS)
-        if (i != 128) trace_smem[i] = 0;  // (128: the entry's clock, stored above)
-#endif
-    if (tid == 0 && dynamic_smem_size() < sm.bytes) __trap();  // host and device disagree
-
-    if (tid == 0) {
-        for (int st = 0; st < STAGES; ++st) {
-            mbar_init(sm.full + 8 * st, 1);
-            mbar_init(sm.empty + 8 * st, CONSUMERS); // every consumer thread arrives
-        }
-        for (int b = 0; b < 2; ++b) {
-            mbar_init(sm.mfull + 8 * b, 32);         // the producer warp's lanes
-            mbar_init(sm.mempty + 8 * b, CONSUMERS);
-        }
-        mbar_init(sm.abar, 1);                       // local expect_tx; bytes from CLUSTER CTAs
-        mbar_init(sm.aempty, CLUSTER);               // one arrival per reading CTA
-        for (int b = 0; b < 2; ++b) {
-            mbar_init(sm.tfull + 8 * b, 1);          // local expect_tx; 4 bytes from rank 0
-            mbar_init(sm.tempty + 8 * b, CLUSTER);   // one arrival per CTA that read the ticket
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        TRACE(true, 91);  // barriers initialised
-    }
-    // The activation ring starts zeroed: padding rows are never copied (see the header).
-    for (int i = tid; i < STAGES * BLOCK_M * X_ROW / 16; i += THREADS)
-        reinterpret_cast<uint4*>(sm.xring)[i] = make_uint4(0, 0, 0, 0);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-    TRACE(tid == 0, 92);  // the set-up's block barrier passed
-    cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
-    }
-
-    if (warp == 8) {
-        // ================================================================ producer warp
-        const Dims d = dims_of(launder(K));
-        const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
-        const u32 MB = d.MB;
-        const Smem sm = carve(smem_base, KB);
-        TRACE(lane == 0, 90);  // the producer starts
-        // Item n's chunks stream into the ring while item n + 1's meta is built in steps, one
-        // step after each chunk issued (from chunk STAGES on, when the consumers have left
-        // item n - 1 and freed its meta slot): its ticket, its expert id, its tokens with the
-        // weight scales, then the activation scales and route weights in batches. Each step
-        // is one trip to memory, shorter than the STAGES chunks the ring holds, so the meta is
-        // ready before the consumers need it and the next item's chunks follow the last ones
-        // without a gap. Item 0 is built first, in the same steps; the padded total, its expert
-        // id and its slot ids were loaded at kernel entry (block cid / G < max_blocks: the host
-        // launches at most max_blocks * G clusters; the plan buffers hold max_blocks).
-        const int ntpp = FIRST_AT_ENTRY ? first_ntpp : __ldg(num_tokens_post_padded);
-        const int first_e = FIRST_AT_ENTRY ? first_expert : __ldg(expert_ids + cid / G);
-        constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
-        const int nblocks = min((ntpp + BLOCK_M - 1) / BLOCK_M, max_blocks);
-        const int items = max(nblocks, 0) * G;
-        constexpr int XB = BLOCK_M >= 32 ? 4 : 8;  // scale loads in flight a lane (4 from 32: no spill)
-        const int nx = (KB * BLOCK_M + 32 * XB - 1) / (32 * XB);  // activation-scale batches
-        const int nsteps = 4 + nx;  // ticket out, ticket in, expert id, tokens + weight scales, nx batches
-        // Item 0's meta by async copies (scale rows 16-byte aligned: K % 512 == 0, aligned bases).
-        const bool rows = (KB & 3) == 0 &&
-            ((reinterpret_cast<size_t>(x_scale) | reinterpret_cast<size_t>(w1_scale)) & 15) == 0;
-        u32 gc = 0;  // chunks issued
-        u32 tk = 0;  // tickets taken
-#if CROWD_LAG
-        // The lag is for SMs with fewer than three busy CTAs. Each busy CTA of a one-round launch
-        // adds 1 to its SM's count in work[2 + smid] as its first ring goes out, and takes it
-        // back at its end. The producer reads the count once a chunk of its first ring has
-        // landed (chunk STAGES's lag), some 2 us after every CTA's first ring went out, and uses
-        // it from chunk 2 * STAGES on, so that no issue waits for the load; before that it lags.
-        // On an SM with three busy CTAs, no lag: 1.010-1.012 at Q8 on two H200s (docs/kernels.md,
-        // "CROWD_LAG with a settled count"; read as its first ring went out, the count raced the
-        // other CTAs' increments).
-        u32 sm_id;
-        asm("mov.u32 %0, %%smid;" : "=r"(sm_id));
-        int* const sm_count = work + 2 + (sm_id & 255);
-        int crowd = 0;       // lane 0: the count
-        bool counted = false;
-        auto lag_here = [&]() { return gc < 2 * STAGES || __shfl_sync(0xffffffffu, crowd, 0) < 3; };
-#else
-        auto lag_here = []() { return true; };
-#endif
-        // The item being built: its index and expert (-1: no more work). Everything else of it
-        // lives in its meta slot between steps (the register budget is the consumers').
-        int w = cid, e = -1;
-
-        // Work after each cluster's first item comes from the `work` counter: rank 0 takes a
-        // ticket (the atomic goes out one step before its value is needed) and sends it to
-        // every CTA of the cluster (st.async into `tick`, completing on each one's `tfull`);
-        // each reader arrives on rank 0's `tempty` before the slot is reused. Every wait is
-        // taken by the whole warp (a lane spinning alone stalls compute-sanitizer).
-        // With no more items than clusters every ticket would say "no more work": none is taken.
-        // STATIC_WORK (diagnosis) walks items q, q + clusters, ... instead.
-#ifdef STATIC_WORK
-        const bool queue = false;
-#else
-        const bool queue = items > ncl;
-#endif
-        int ticket = 0;  // rank 0: the counter's value, in flight
-        auto request_ticket = [&]() {
-            if (queue && rank == 0 && lane == 0) ticket = atomicAdd(work, 1);
-        };
-        auto receive_ticket = [&]() {
-            if (!queue) { w += ncl; return; }
-            if (tk == 0) cluster_wait_acquire();  // every CTA's barriers exist: tickets may be sent
-            const u32 b = tk & 1, par = (tk >> 1) & 1;
-            if (rank == 0) mbar_wait(sm.tempty + 8 * b, par ^ 1);  // every CTA read ticket tk - 2
-            if (lane == 0) {
-                mbar_arrive_expect_tx(sm.tfull + 8 * b, 4);
-                if (rank == 0)
-                    for (u32 r = 0; r < CLUSTER; ++r)
-                        st_async_b32(mapa(smem_u32(sm.tick + b), r), ncl + ticket, mapa(sm.tfull + 8 * b, r));
-            }
-            mbar_wait_cluster(sm.tfull + 8 * b, par);
-            w = *reinterpret_cast<volatile int*>(sm.tick + b);
-            __syncwarp();
-            if (lane == 0) mbar_arrive_remote(mapa(sm.tempty + 8 * b, 0));
-            ++tk;
-        };
-        // w -> the next valid item from w on (e < 0: none left).
-        auto find_item = [&]() {
-            for (;;) {
-                if (w >= items) { e = -1; return; }
-                e = __ldg(expert_ids + w / G);
-                if (e >= 0 && e < E) return;
-                request_ticket();
-                receive_ticket();
-            }
-        };
-        // The meta of item n: header, tokens, route weights, scales (or the end marker); only the
-        // plan's slot ids are waited for here.
-        //  - Item 0, with 16-byte aligned scale rows, by async copies that go out before its first
-        //    chunks and so do not queue behind every CTA's first STAGES chunks in HBM: the
-        //    activation-scale rows and the gate/up scale rows by the bulk copy engine (completing
-        //    on the slot's `mfull` with expect_tx), the route weights and down scales as 4-byte
-        //    cp.async gathers (cp_async_arrive: the phase waits for them too). The meta is
-        //    complete when begin_meta returns.
-        //  - Every other item (and item 0 without aligned rows) by loads into registers, one
-        //    trip a build step: weight scales here, the slot ids stashed as route weights until
-        //    scale_batch 0 loads them, the activation scales in nx batches, the last of which
-        //    arrives. (Async copies for these items measured slower at Q128: they queue in the
-        //    SM's copy engine behind the ring's chunks.)
-        auto begin_meta = [&](int n) {
-            const int slot = n & 1;
-            mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
-            TRACE(lane == 0 && n == 0, 113);
-            const Meta m = meta_at(sm.meta + slot * MB, KB);
-            const int block = w / G, g = w - block * G;
-            if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
-            if (e < 0) {
-                __syncwarp();
-                mbar_arrive(sm.mfull + 8 * slot);
-                return;
-            }
-            const bool async = rows && n == 0;
-            int sid[RW];
-            #pragma unroll
-            for (int q = 0; q < RW; ++q) {
-                const int r = lane + 32 * q;
-                if (FIRST_AT_ENTRY && n == 0 && w == cid) { sid[q] = first_sid.v[q]; continue; }  // loaded at entry
-                sid[q] = r < BLOCK_M ? __ldg(sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
-            }
-            const float* s1 = w1_scale + (static_cast<size_t>(e) * 2 * G + g) * KB;  // gate row; up row at + G * KB
-            const float* s2 = w2_scale + static_cast<size_t>(e) * KB * G + g;        // down, stride G
-            if (!async) {  // weight scales, one k block a lane at a time
-                for (int i = lane; i < KB; i += 32) {
-                    const float gate = __ldg(s1 + i), up = __ldg(s1 + G * KB + i), down = __ldg(s2 + i * G);
-                    m.w1s[i] = gate; m.w1s[KB + i] = up; m.w2s[i] = down;
-                }
-            }
-            int tok[RW];
-            int valid = 0;
-            #pragma unroll
-            for (int q = 0; q < RW; ++q) {
-                const int r = lane + 32 * q;
-                const bool ok = r < BLOCK_M && sid[q] >= 0 && sid[q] < num_slots;
-                tok[q] = ok ? sid[q] / top_k : -1;
-                if (r < BLOCK_M) {
-                    m.tok[r] = tok[q];
-                    if (!async) reinterpret_cast<int*>(m.rw)[r] = ok ? sid[q] : -1;  // the slot, until its route weight
-                    else if (ok) cp_async4(m.rw + r, topk_weights + sid[q]);
-                    else m.rw[r] = 0.0f;
-                }
-                valid += __popc(__ballot_sync(0xffffffffu, ok));
-            }
-            if (lane == 0) m.hdr[3] = valid;  // tokens with activation rows to copy
-            TRACE(lane == 0 && n == 0, 114);
-            TRACE(lane == 0 && n == 0 && valid >= 0, 89);  // item 0's slot ids returned
-            if (async) {
-                if (lane == 0) mbar_expect_tx(sm.mfull + 8 * slot, (valid + 2) * KB * 4);
-                __syncwarp();
-                TRACE(lane == 0, 115);
-                #pragma unroll
-                for (int q = 0; q < RW; ++q) {
-                    const int r = lane + 32 * q;
-                    if (r >= BLOCK_M) continue;
-                    float* row = m.xs + r * (KB + 4);
-                    if (tok[q] >= 0)
-                        bulk_copy(smem_u32(row), x_scale + static_cast<size_t>(tok[q]) * KB, KB * 4, sm.mfull + 8 * slot);
-                    else
-                        for (int k = 0; k < KB; k += 4) *reinterpret_cast<float4*>(row + k) = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-                TRACE(lane == 0, 116);
-                if (lane < 2) bulk_copy(smem_u32(m.w1s + lane * KB), s1 + lane * G * KB, KB * 4, sm.mfull + 8 * slot);
-                TRACE(lane == 0, 117);
-                for (int i = lane; i < KB; i += 32) cp_async4(m.w2s + i, s2 + i * G);
-                TRACE(lane == 0, 118);
-                cp_async_arrive(sm.mfull + 8 * slot);
-            }
-            __syncwarp();
-            if (async) mbar_arrive(sm.mfull + 8 * slot);
-        };
-        // Activation-scale batch x of the register path (the first also loads the route
-        // weights); the last arrives.
-        auto scale_batch = [&](int n, int x) {
-            const int slot = n & 1;
-            const Meta m = meta_at(sm.meta + slot * MB, KB);
-            float rw[RW];
-            if (x == 0) {
-                #pragma unroll
-                for (int q = 0; q < RW; ++q) {
-                    const int r = lane + 32 * q;
-                    const int sl = r < BLOCK_M ? reinterpret_cast<const int*>(m.rw)[r] : -1;
-                    rw[q] = sl >= 0 ? __ldg(topk_weights + sl) : 0.0f;
-                }
-            }
-            const int base = lane + 32 * XB * x;
-            float v[XB];
-            #pragma unroll
-            for (int u = 0; u < XB; ++u) {
-                const int i = base + 32 * u;  // token i % BLOCK_M, k block i / BLOCK_M
-                v[u] = 0.0f;
-                if (i < KB * BLOCK_M) {
-                    const int t = m.tok[i % BLOCK_M];
-                    if (t >= 0) v[u] = __ldg(x_scale + static_cast<size_t>(t) * KB + i / BLOCK_M);
-                }
-            }
-            #pragma unroll
-            for (int u = 0; u < XB; ++u) {
-                const int i = base + 32 * u;
-                if (i < KB * BLOCK_M) m.xs[(i % BLOCK_M) * (KB + 4) + i / BLOCK_M] = v[u];
-            }
-            if (x == 0) {
-                #pragma unroll
-                for (int q = 0; q < RW; ++q)
-                    if (lane + 32 * q < BLOCK_M) m.rw[lane + 32 * q] = rw[q];
-            }
-            if (x == nx - 1) {
-                __syncwarp();
-                mbar_arrive(sm.mfull + 8 * slot);
-            }
-        };
-        // Step s of building item n > 0 (item 0 is the cluster's own: no ticket).
-        auto build_step = [&](int n, int s) {
-            if (s == 0) request_ticket();
-            else if (s == 1) receive_ticket();
-            else if (s == 2) find_item();
-            else if (s == 3) begin_meta(n);
-            else if (e >= 0) scale_batch(n, s - 4);
-        };
-
-        // Chunk j of item n (expert, group and valid tokens from its meta header, not held in
-        // registers): weights, and for GEMM1 the block's activation rows.
-        auto issue = [&](int n, int j) {
-            const u32 st = gc % STAGES;
-            if (!queue && gc >= STAGES && lag_here()) {  // one round, past the first ring: chunk gc - LAG has landed (see LAG)
-                const u32 pg = gc - LAG;
-                mbar_wait(sm.full + 8 * (pg % STAGES), (pg / STAGES) & 1);
-            }
-#if CROWD_LAG
-            if (gc == STAGES && counted) crowd = *reinterpret_cast<volatile int*>(sm_count);  // (settled: see above)
-#endif
-            mbar_wait(sm.empty + 8 * st, ((gc / STAGES) & 1) ^ 1);
-            const Meta m = meta_at(sm.meta + (n & 1) * MB, KB);
-            const size_t cta = (static_cast<size_t>(m.hdr[0]) * G + m.hdr[1]) * CLUSTER + rank;
-            TRACE(lane == 0 && n == 0 && j < 16 && cta != ~size_t(0), 96 + j);  // past the waits, the meta read
-            if (j < n1) {
-                const u8* w1_cta = w1f + cta * (2 * COLS) * static_cast<size_t>(K);  // 2*COLS rows x K
-                const int valid = m.hdr[3];
-                const u32 wbytes = min(KBC, KB - KBC * j) * MT1 * 2048;
-                const u32 abytes = min(KBC, KB - KBC * j) * GROUP;
-                if (lane == 0) {
-                    // item 0's first chunks: their weights are on their way (see EARLY_CHUNKS below)
-                    const bool out = n == 0 && j < EARLY_RING;
-                    mbar_arrive_expect_tx(sm.full + 8 * st, (out ? 0 : wbytes) + valid * abytes);
-                    TRACE(n == 0 && j == 0, 119);
-                    if (!out)
-                        bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
-                                  wbytes, sm.full + 8 * st);
-                    TRACE(n == 0 && j == 0, 120);
-                }
-                for (int r = lane; r < BLOCK_M; r += 32) {
-                    const int t = m.tok[r];
-                    if (t >= 0)
-                        bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
-                                  x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
-                }
-            } else if (lane == 0) {
-                const u8* w2_cta = w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
-                const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
-                mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-                bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
-                          wbytes, sm.full + 8 * st);
-            }
-            TRACE(lane == 0 && n == 0 && j < 16, 64 + j);
-            ++gc;
-        };
-
-        // Item 0: its meta's copies go out before its first chunks' activation rows and its third
-        // chunk (the ring is free), so they do not queue behind every CTA's first STAGES chunks in
-        // HBM; only the first EARLY_CHUNKS chunks' weights go ahead of them. Its expert id came
-        // with the padded total; a bad one falls through to the queue.
-        if (w < items) {
-            e = first_e;
-            if (e < 0 || e >= E) { request_ticket(); receive_ticket(); find_item(); }
-        }
-        TRACE(lane == 0 && first_e != -2147483647, 87);  // the first trip (padded total, expert) returned
-        if (e >= 0 && lane < 2) {  // item 0's weight pages: GEMM1's first chunk, GEMM2's
-            const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
-            prefetch_l2(lane == 0 ? w1f + cta * (2 * COLS) * static_cast<size_t>(K)
-                                  : w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K));
-        }
-        // Item 0's first EARLY_CHUNKS chunks of weights go out now, before its meta: they need only
-        // the expert, and HBM has nothing else to do until the meta's copies and the first chunks
-        // would go out, about 1.9 us later at Q8 (the producer's start is a chain of slow steps:
-        // docs/kernels.md, "The start in cycles"). Each is counted on its stage by expect_tx alone,
-        // so no stage completes before issue() adds the chunk's activation rows and arrives. Q8
-        // 1.036 with one, 1.052 with two, 0.991 with three (the meta's copies then wait behind the
-        // burst).
-        if (lane == 0 && e >= 0 && EARLY_RING > 0) {  // stages 0.. are free: nothing was issued yet
-            const size_t cta = (static_cast<size_t>(e) * G + (w - (w / G) * G)) * CLUSTER + rank;
-            const u8* src = w1f + cta * (2 * COLS) * static_cast<size_t>(K);
-            const u32 wb = min(KBC, KB) * MT1 * 2048;  // chunk 0
-            mbar_expect_tx(sm.full, wb);
-            bulk_copy(smem_u32(sm.ring), src, wb, sm.full);
-            if (EARLY_RING > 1 && n1 > 1) {  // chunk 1 (n1 > 1: KB > KBC)
-                const u32 wb1 = min(KBC, KB - KBC) * MT1 * 2048;
-                mbar_expect_tx(sm.full + 8, wb1);
-                bulk_copy(smem_u32(sm.ring + CHUNK_BYTES), src + CHUNK_BYTES, wb1, sm.full + 8);
-            }
-        }
-        TRACE(lane == 0, 121);
-        begin_meta(0);
-        int pre = 0;
-        if (e >= 0) {
-            if (!rows) for (int x = 0; x < nx; ++x) scale_batch(0, x);
-            TRACE(lane == 0, 3);
-            pre = min(STAGES, total);
-#if CROWD_LAG
-            if (!queue && lane == 0) { atomicAdd(sm_count, 1); counted = true; }
-#endif
-            for (int j = 0; j < pre; ++j) issue(0, j);
-            TRACE(lane == 0, 2);
-        }
-        for (int n = 0; e >= 0; ++n) {
-            // item n's meta is in slot n & 1; e is its expert until its successor's build
-            int s = 0;
-            for (int j = n == 0 ? pre : 0; j < total; ++j) {
-                issue(n, j);
-                if (j >= STAGES && s < nsteps) build_step(n + 1, s++);
-            }
-            for (; s < nsteps; ++s) build_step(n + 1, s);
-        }
-        // This cluster takes no more tickets; the last one out zeroes the counter for the next
-        // launch (its tickets' atomics returned before: their values decided the end).
-        if (queue && rank == 0 && lane == 0 && atom_add_acq_rel(work + 1, 1) == ncl - 1) {
-            atomicExch(work, 0);
-            atomicExch(work + 1, 0);
-        }
-#if CROWD_LAG
-        if (counted) atomicSub(sm_count, 1);
-#endif
-        if (tk == 0) cluster_wait_acquire();  // (joined at the first ticket otherwise)
-        TRACE(lane == 0, 4);
-    } else {
-        // ================================================================ consumer warps
-        const Dims d = dims_of(launder(K));
-        const int KB = d.KB, n1 = d.n1, mt2 = d.mt2, total = d.total;
-        const u32 MB = d.MB;
-        const Smem sm = carve(smem_base, KB);
-        const int gq = lane >> 2, tq = lane & 3;  // mma groupID, threadID_in_group
-        [[maybe_unused]] const int mt = warp & (MT1 - 1), kb_in_chunk = warp >> LOG2_MT1;  // GEMM1 of a cluster
-        const int row0 = rank * (K / CLUSTER);
-        u32 gc = 0;  // chunks consumed
-        int n = 0;  // items done; the first one joined the start's cluster barrier
-        for (;; ++n) {
-            const int slot = n & 1;
-            mbar_wait(sm.mfull + 8 * slot, (n >> 1) & 1);
-            const Meta m = meta_at(sm.meta + slot * MB, KB);
-            if (m.hdr[0] < 0) break;
-            [[maybe_unused]] const bool tr = tid == 0 && n < 8;
-            TRACE(tr, 8 + 5 * n);
-
-#if CLUSTER == 1
-            // ---- GEMM1, one CTA an item: h[256 rows, BLOCK_M] over K. Warp w: gate m-tile w and up
-            // m-tile w (the same 16 columns) of every chunk (one k block, 32 KB): per chunk and
-            // warp 4 KB, 8*NT mma, and SwiGLU needs no other warp's sums.
-            float acc[2][NT][4];
-            #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                #pragma unroll
-                for (int t = 0; t < NT; ++t) acc[h][t][0] = acc[h][t][1] = acc[h][t][2] = acc[h][t][3] = 0.0f;
-            for (int j = 0; j < n1; ++j, ++gc) {
-                const u32 st = gc % STAGES;
-                mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
-                TRACE(tr && j == 0, 9 + 5 * n);
-                TRACE(tr && n == 0 && j < 16, 48 + j);
-                const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // up tile at + 8 tiles
-                uint4 a[2][4];
-                #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    #pragma unroll
-                    for (int s = 0; s < 4; ++s) a[h][s] = *reinterpret_cast<const uint4*>(wa + h * 8 * 2048 + s * 512);
-                const float sw[2] = {m.w1s[j], m.w1s[KB + j]};  // gate, up
-                #pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + tq * 32;
-                    const uint4 blo = *reinterpret_cast<const uint4*>(xb);
-                    const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
-                    const float x0 = m.xs[(t * 8 + 2 * tq) * (KB + 4) + j];
-                    const float x1 = m.xs[(t * 8 + 2 * tq + 1) * (KB + 4) + j];
-                    #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_block(p, a[h], blo, bhi);
-                        const float s0 = sw[h] * x0, s1 = sw[h] * x1;
-                        acc[h][t][0] += p[0] * s0;
-                        acc[h][t][1] += p[1] * s1;
-                        acc[h][t][2] += p[2] * s0;
-                        acc[h][t][3] += p[3] * s1;
-                    }
-                }
-                __syncwarp();
-                mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
-            }
-
-            TRACE(tr, 10 + 5 * n);
-            // ---- SwiGLU from the warp's own gate and up sums into afull (its last readers, the
-            // requant of the item before, finished before that item's second consumer barrier).
-            // C fragment i of n-tile t: row gq + 8 (i / 2), token 8t + 2tq + i % 2.
-            #pragma unroll
-            for (int t = 0; t < NT; ++t)
-                #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    sm.afull[(t * 8 + 2 * tq + (i & 1)) * GROUP + warp * 16 + gq + 8 * (i >> 1)] =
-                        silu(acc[0][t][i]) * acc[1][t][i];
-            if (n == 0) cluster_wait_acquire();  // (the start's cluster barrier: a cluster of one)
-            named_sync_consumers();  // the group's 128 columns are here
-            TRACE(tr, 11 + 5 * n);
-#else
-            // ---- GEMM1: h[2*COLS rows, BLOCK_M] over K. Warp w: the 16 rows of m-tile mt = w % MT1
-            // (gate tiles first, then up), the k block w / MT1 of every chunk. Per chunk and
-            // warp: 2 KB of weights, 4*NT mma.
-            float acc[NT][4];
-            #pragma unroll
-            for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-            for (int j = 0; j < n1; ++j, ++gc) {
-                const u32 st = gc % STAGES;
-                mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
-                TRACE(tr && j == 0, 9 + 5 * n);
-                TRACE(tr && n == 0 && j < 16, 48 + j);
-                const int kb = KBC * j + kb_in_chunk;
-                if (kb < KB) {
-                    const u8* wa = sm.ring + st * CHUNK_BYTES + (kb_in_chunk * MT1 + mt) * 2048 + lane * 16;
-                    uint4 a[4];
-                    #pragma unroll
-                    for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
-                    const float sw = m.w1s[(mt >= MT1 / 2) * KB + kb];  // gate or up
-                    #pragma unroll
-                    for (int t = 0; t < NT; ++t) {
-                        const u8* xb = sm.xring + (st * BLOCK_M + t * 8 + gq) * X_ROW + kb_in_chunk * GROUP + tq * 32;
-                        const uint4 blo = *reinterpret_cast<const uint4*>(xb);
-                        const uint4 bhi = *reinterpret_cast<const uint4*>(xb + 16);
-                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_block(p, a, blo, bhi);
-                        const float s0 = sw * m.xs[(t * 8 + 2 * tq) * (KB + 4) + kb];
-                        const float s1 = sw * m.xs[(t * 8 + 2 * tq + 1) * (KB + 4) + kb];
-                        acc[t][0] += p[0] * s0;
-                        acc[t][1] += p[1] * s1;
-                        acc[t][2] += p[2] * s0;
-                        acc[t][3] += p[3] * s1;
-                    }
-                }
-                // Every thread that read stage st arrives (release), so each read is ordered
-                // before the producer's refill by its own arrival: compute-sanitizer's racecheck
-                // sees that, where it does not see one lane's arrival after __syncwarp cover the
-                // other lanes' reads. Measured at no cost against one arrival a warp.
-                __syncwarp();
-                mbar_arrive(sm.empty + 8 * st);  // this thread is done with stage st
-            }
-
-            TRACE(tr, 10 + 5 * n);
-            // ---- the KBC k-block partials per row, SwiGLU, st.async to all CLUSTER CTAs
-            #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                float* r = sm.red + (warp * 16 + gq) * BLOCK_M + t * 8 + 2 * tq;
-                *reinterpret_cast<float2*>(r) = make_float2(acc[t][0], acc[t][1]);
-                *reinterpret_cast<float2*>(r + 8 * BLOCK_M) = make_float2(acc[t][2], acc[t][3]);
-            }
-            named_sync_consumers();
-            TRACE(tr && n == 0, 80);
-            if (n == 0) cluster_wait_acquire();  // every CTA's barriers exist
-            TRACE(tr && n == 0, 81);
-            if (tid == 0) mbar_arrive_expect_tx(sm.abar, BLOCK_M * GROUP * 4);
-            TRACE(tr && n == 0, 84);
-            if (n > 0) mbar_wait_cluster(sm.aempty, (n - 1) & 1);  // every CTA read the last item
-            {
-                // warp w stores into CTA w % CLUSTER, part w / CLUSTER of the 8 / CLUSTER parts
-                constexpr int PARTS = 8 / CLUSTER;
-                const u32 dst_rank = warp & (CLUSTER - 1);
-                const u32 rbar = mapa(sm.abar, dst_rank);
-                const int part = PARTS == 1 ? 0 : warp >> LOG2_CLUSTER;
-                for (int i = part * 32 + lane; i < BLOCK_M * (COLS / 4); i += 32 * PARTS) {
-                    const int t = i >> LOG2_Q, q = i & (COLS / 4 - 1);  // token, 4 of this CTA's COLS columns
-                    float a[4];
-                    #pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        const int col = 4 * q + c, tile = col >> 4, row = col & 15;
-                        float hg = 0.0f, hu = 0.0f;
-                        #pragma unroll
-                        for (int k = 0; k < KBC; ++k) {
-                            hg += sm.red[((k * MT1 + tile) * 16 + row) * BLOCK_M + t];
-                            hu += sm.red[((k * MT1 + MT1 / 2 + tile) * 16 + row) * BLOCK_M + t];
-                        }
-                        if (c == 0) {  // (stamp 85: the first column's sums read)
-                            TRACE_VALUE(tr && n == 0 && i == part * 32 + lane, 94, __float_as_uint(hg + hu));
-                            TRACE(tr && n == 0 && i == part * 32 + lane, 85);
-                        }
-                        a[c] = silu(hg) * hu;
-                    }
-                    TRACE_VALUE(tr && n == 0 && i == part * 32 + lane, 95, __float_as_uint(a[0] + a[3]));
-                    TRACE(tr && n == 0 && i == part * 32 + lane, 86);  // its SwiGLU computed
-                    const u32 dst = mapa(smem_u32(sm.afull + t * GROUP + rank * COLS + 4 * q), dst_rank);
-                    st_async_v4(dst, make_float4(a[0], a[1], a[2], a[3]), rbar);
-                }
-            }
-            TRACE(tr && n == 0, 82);
-            mbar_wait_cluster(sm.abar, n & 1);  // the group's 128 columns are here
-            TRACE(tr, 11 + 5 * n);
-#endif
-
-            // ---- requant per token over the group: warp w takes tokens w, w+8, ...
-            for (int t = warp; t < BLOCK_M; t += 8) {
-                const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
-                float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-                #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                const float scale = fmaxf(__fdividef(amax, 448.0f), 1e-10f);
-                *reinterpret_cast<u32*>(sm.aq + t * AQ_ROW + lane * 4) =
-                    pack_e4m3x4(__fdividef(v.x, scale), __fdividef(v.y, scale), __fdividef(v.z, scale),
-                                __fdividef(v.w, scale));
-                if (lane == 0) m.tmul[t] = scale * m.rw[t];
-            }
-            named_sync_consumers();
-            TRACE(tr && n == 0, 83);
-
-            // ---- GEMM2: y[K/CLUSTER rows, BLOCK_M] for this CTA's rows, group g's 128 columns.
-            // Warp w: m-tile w of every chunk (16 rows; and w + 8 of the 32 KB chunks of CLUSTER 1);
-            // per tile 2 KB, 4*NT mma.
-            float* stg = sm.stg + warp * 8 * STG_ROW;
-            // One n-tile's C fragment p of the m-tile at rows rbase..: (row gq, token 2tq),
-            // (gq, 2tq+1), (gq+8, 2tq), (gq+8, 2tq+1). Staged as [token][16 rows]; lane 2u+h then
-            // adds rows 8h..8h+7 of token u into the output.
-            auto reduce_out = [&](const float (&p)[4], int t, float sw, int rbase) {
-                const float f0 = sw * m.tmul[t * 8 + 2 * tq], f1 = sw * m.tmul[t * 8 + 2 * tq + 1];
-                stg[(2 * tq) * STG_ROW + gq] = p[0] * f0;
-                stg[(2 * tq + 1) * STG_ROW + gq] = p[1] * f1;
-                stg[(2 * tq) * STG_ROW + gq + 8] = p[2] * f0;
-                stg[(2 * tq + 1) * STG_ROW + gq + 8] = p[3] * f1;
-                __syncwarp();
-                if (lane < 16) {
-                    const int u = lane >> 1, h = lane & 1;
-                    const int tok = m.tok[t * 8 + u];
-                    if (tok >= 0) {
-                        const float* sv = stg + u * STG_ROW + 8 * h;
-                        red_add_bf16x8(out + static_cast<size_t>(tok) * K + rbase + 8 * h,
-                                       *reinterpret_cast<const float4*>(sv),
-                                       *reinterpret_cast<const float4*>(sv + 4));
-                    }
-                }
-                __syncwarp();
-            };
-            // One n-tile t of an m-tile whose A fragments are a[]: p = a . aq^T (FP32, unscaled).
-            auto mma_aq = [&](float (&p)[4], const uint4 (&a)[4], int t) {
-                const u8* ab = sm.aq + (t * 8 + gq) * AQ_ROW + tq * 32;
-                const uint4 blo = *reinterpret_cast<const uint4*>(ab);
-                const uint4 bhi = *reinterpret_cast<const uint4*>(ab + 16);
-                p[0] = p[1] = p[2] = p[3] = 0.0f;
-                mma_block(p, a, blo, bhi);
-            };
-            for (int j = n1; j < total; ++j, ++gc) {
-                const u32 st = gc % STAGES;
-                mbar_wait(sm.full + 8 * st, (gc / STAGES) & 1);
-                TRACE(tr && n == 0 && j < 16, 48 + j);
-                const int mtile = CHUNK_TILES * (j - n1) + warp;  // m-tile within this CTA's rows
-#if CLUSTER == 1
-                const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;  // tile mtile + 8 at + 8 tiles
-                uint4 a[2][4];
-                #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    if (mtile + 8 * h < mt2)
-                        #pragma unroll
-                        for (int s = 0; s < 4; ++s) a[h][s] = *reinterpret_cast<const uint4*>(wa + h * 8 * 2048 + s * 512);
-                __syncwarp();
-                mbar_arrive(sm.empty + 8 * st);  // a[] holds the stage's tiles: it may be refilled
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (mtile + 8 * h >= mt2) continue;
-                    const int rbase = row0 + (mtile + 8 * h) * 16;  // the tile's 16 rows share one scale block
-                    const float sw = m.w2s[rbase / GROUP];
-                    #pragma unroll
-                    for (int t = 0; t < NT; ++t) {
-                        float p[4];
-                        mma_aq(p, a[h], t);
-                        reduce_out(p, t, sw, rbase);
-                    }
-                }
-#else
-                if (mtile < mt2) {
-                    const u8* wa = sm.ring + st * CHUNK_BYTES + warp * 2048 + lane * 16;
-                    uint4 a[4];
-                    #pragma unroll
-                    for (int s = 0; s < 4; ++s) a[s] = *reinterpret_cast<const uint4*>(wa + s * 512);
-                    const int rbase = row0 + mtile * 16;  // the tile's 16 rows share one scale block
-                    const float sw = m.w2s[rbase / GROUP];
-                    #pragma unroll
-                    for (int t = 0; t < NT; ++t) {
-                        float p[4];
-                        mma_aq(p, a, t);
-                        // its mma done (the condition reads p, so the stamp waits for it)
-                        TRACE(tr && n == 0 && t == 0 && j - n1 < 3 && p[0] != 12345.0f, 122 + (j - n1));
-                        if (t == 0) {  // a[] is consumed: the stage may be refilled before the reductions
-                            __syncwarp();
-                            mbar_arrive(sm.empty + 8 * st);
-                        }
-                        reduce_out(p, t, sw, rbase);
-                    }
-                    TRACE(tr && n == 0 && j - n1 < 3, 125 + (j - n1));  // its reductions issued
-                }
-                if (mtile >= mt2) {  // no tile of this chunk for this warp
-                    __syncwarp();
-                    mbar_arrive(sm.empty + 8 * st);
-                }
-#endif
-            }
-            TRACE(tr, 12 + 5 * n);
-            // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
-            // queue behind the memory traffic in flight, and GEMM2's first chunk waited behind it.
-#if CLUSTER > 1
-            if (tid < CLUSTER) mbar_arrive_remote(mapa(sm.aempty, tid));
-#endif
-            mbar_arrive(sm.mempty + 8 * slot);  // this thread is done with the item's meta
-            TRACE_VALUE(tid == 0, 7, static_cast<u64>(n + 1));
-        }
-        TRACE(tid == 0, 5);
-        if (n == 0) cluster_wait_acquire();
-    }
+    const Args a{x, x_scale, w1f, w1_scale, w2f, w2_scale, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                 topk_weights, out, work, num_slots, top_k, K, E, max_blocks, G};
+    const int tid = threadIdx.x;
+    const Place p{tid, tid >> 5, tid & 31, cluster_ctarank(), static_cast<int>(blockIdx.x / CLUSTER),
+                  static_cast<int>(gridDim.x / CLUSTER)};
+    FirstTrip first;
+    if (FIRST_AT_ENTRY && p.warp == 8) first_trip_at_entry(first, a, p);
+    set_up(smem_base, K, tid);
+    if (p.warp == 8) produce_items(a, smem_base, first, p);
+    else consume_items(a, smem_base, p);
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
     cluster_wait_acquire();
-    TRACE(tid == 0, 6);
-#ifdef MOEBENCH_TRACE
-    trace_flush(tid);
-#endif
 }

@@ -1,0 +1,115 @@
+"""How the fused kernel is built and launched for a problem: its meta-parameters (BLOCK_M,
+STAGES, CTAs an SM, CLUSTER), the shared memory they need (mirroring the kernel's `carve`),
+the occupancy and ring depth that fit an SM, the plan blocks a grid covers, and how the
+hardware is asked to place the clusters. Pure arithmetic: no GPU, no compiler."""
+
+from __future__ import annotations
+
+from moebench.errors import UserError
+from moebench.kernels.fused_layout import DEFAULT_CLUSTER, GROUP
+
+THREADS = 288  # 8 consumer warps + 1 producer warp
+AQ_ROW, STG_ROW = 144, 20
+MAX_BLOCK_M = 48  # BLOCK_M 56 and 64 do not fit the consumers in the 168 registers of 9 warps without spilling
+MAX_BLOCK_M_ALONE = 16  # one CTA an item holds gate and up sums: from BLOCK_M 32 they spill
+SMEM_PER_SM = 228 * 1024  # H100/H200: shared memory per SM; 1 KB of it reserved per CTA
+SMEM_PER_CTA = 227 * 1024
+MAX_STAGES = 8
+
+
+def meta_bytes(block_m: int, K: int) -> int:
+    KB = K // GROUP
+    return (16 + 3 * block_m * 4 + block_m * (KB + 4) * 4 + 3 * KB * 4 + 15) & ~15
+
+
+def chunk_bytes(cluster: int) -> int:
+    """One ring stage of weights (the kernel's CHUNK_BYTES): 16 KB, or 32 KB (one k block of
+    the group's 256 gate and up rows) for one CTA an item."""
+    return 32768 if cluster == 1 else 16384
+
+
+def x_row(cluster: int) -> int:
+    """Bytes of one activation row of a GEMM1 chunk in shared memory (the kernel's X_ROW):
+    the chunk's k blocks (4 at clusters of 8, 2 at 4, 1 alone) + 16, so the B loads hit every
+    bank once."""
+    return max(cluster // 2, 1) * GROUP + 16
+
+
+def shared_bytes(block_m: int, stages: int, K: int, cluster: int) -> int:
+    """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
+    red = 0 if cluster == 1 else 8 * 16 * block_m * 4  # GEMM1's partials of the cluster's warps
+    n = stages * chunk_bytes(cluster) + stages * block_m * x_row(cluster) + block_m * GROUP * 4 + red
+    n += block_m * AQ_ROW
+    n = (n + 15) & ~15
+    n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
+    return n + 2 * stages * 8 + 4 * 8 + 2 * 8 + 4 * 8 + 2 * 4  # ring, meta, exchange, ticket barriers; tickets
+
+
+def ctas_per_sm(block_m: int, cluster: int = DEFAULT_CLUSTER) -> int:
+    """CTAs an SM holds (the kernel's MIN_CTAS_PER_SM default): two small ones hide each
+    other's SwiGLU exchange; from BLOCK_M 32 the per-item buffers leave room for one. One CTA
+    an item runs alone on its SM, with the deepest ring."""
+    return 2 if block_m <= 16 and cluster > 1 else 1
+
+
+def occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]:
+    """CTAs an SM the arm may launch at: the default and, up to BLOCK_M 16 in clusters, one
+    more (from BLOCK_M 32 on, the register budget of one more CTA does not hold the consumers
+    without spilling under nvcc 13.0's ptxas, the H200's)."""
+    base = ctas_per_sm(block_m, cluster)
+    return (base, base + 1) if base == 2 else (base,)
+
+
+def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
+    """Index into `options` ((CTAs an SM, resident clusters), fewest CTAs an SM first) of
+    the launch to use: one more CTA an SM (shallower ring, more consumer warps) only where its
+    extra clusters take whole rounds of items off, since each round is slower; where the
+    rounds stay the same the fewer, deeper-ringed CTAs are faster
+    (results/h200/experiments/cuda-fused-stages-*, cuda-fused-clusters-*)."""
+    rounds = [-(-items // max(c, 1)) for _, c in options]
+    return rounds.index(min(rounds))  # the first (fewest CTAs an SM) of those with fewest rounds
+
+
+def choose_stages(block_m: int, K: int, per_sm: int | None, cluster: int) -> int:
+    """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs (None: `ctas_per_sm`)
+    resident on an SM."""
+    per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
+    per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // per_sm - 1024)
+    for stages in range(MAX_STAGES, 1, -1):
+        if shared_bytes(block_m, stages, K, cluster) <= per_cta:
+            return stages
+    raise UserError(f"cuda-fused: block_m={block_m} with K={K} needs "
+                    f"{shared_bytes(block_m, 2, K, cluster)} B of shared memory, more than an SM has")
+
+
+def default_block_m(num_slots: int, num_experts: int) -> int:
+    """Tokens per plan block: decode-sized groups get 8 (Swap-AB n-tile), larger ones more."""
+    per_expert = num_slots / max(num_experts, 1)
+    for bm in (8, 16, 32):
+        if per_expert <= 0.75 * bm:
+            return bm
+    return MAX_BLOCK_M
+
+
+def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int) -> int:
+    """Plan blocks the grid covers: the most that any routing can fill, whatever the plan
+    buffers hold. Only experts with slots get blocks (moe_align_block_size), so at most
+    min(E, slots) experts each waste up to block_m - 1 slots: at A8 72 blocks, not the 234 the
+    buffers are sized for; every block past the device-side padded total exits at once."""
+    worst = num_slots + min(num_experts, num_slots) * (block_m - 1)
+    return min(capacity // block_m, (worst + block_m - 1) // block_m)
+
+
+def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int) -> dict[str, str]:
+    """The .cu's meta-parameters for one build."""
+    return {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm),
+            "CLUSTER": str(cluster)}
+
+
+def cluster_policy(one_round: bool) -> str:
+    """How the hardware is asked to place the clusters on SMs (cuda_launch.CLUSTER_POLICIES).
+    Persistent launches (more work items than the default placement keeps resident) take
+    "load-balancing": it puts clusters of 4 on every SM of an H200 where the default leaves
+    some without one, so more clusters are resident and a launch needs fewer rounds. Launches
+    of one round keep the default placement, which was faster there."""
+    return "default" if one_round else "load-balancing"
