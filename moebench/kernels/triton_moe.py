@@ -213,6 +213,8 @@ def _moe_gemm_tile(
     c_ptrs = c_ptr + c_row[:, None] * stride_cm + offs_cn[None, :]
     tl.store(c_ptrs, _exact_bf16(acc, ROUND_IN_FP32).to(c_ptr.dtype.element_ty),
              mask=slot_mask[:, None] & (offs_cn[None, :] < N))
+    if USE_GDC and not GDC_EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
