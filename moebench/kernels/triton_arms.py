@@ -178,18 +178,18 @@ class TritonMoeArm(Arm):
         a2_desc = tm.tensor_descriptor(ws.act_q, [plan.block_m, down_cfg["BLOCK_SIZE_K"]]) if down.tma else None
         x, x_scale = fx.x_fp8.contiguous(), fx.x_scale.contiguous()
         w1_scale, w2_scale = fx.w1_scale.contiguous(), fx.w2_scale.contiguous()
-        route_weights, top_k = ws.route_weights, fx.spec.top_k
-        plan_args = ws.plan_args
+        route_weights, top_k, plan_args = ws.route_weights, fx.spec.top_k, ws.plan_args
+        h, act_q, act_scale, y_slots, in_plan_order = ws.h, ws.act_q, ws.act_scale, ws.y_slots, ws.sorted
 
         def gemm1() -> None:
-            tm.launch_moe_gemm(tm.moebench_moe_gemm1, x, x_scale, w1, w1_scale, ws.h, route_weights, *plan_args,
+            tm.launch_moe_gemm(tm.moebench_moe_gemm1, x, x_scale, w1, w1_scale, h, route_weights, *plan_args,
                                a_row_div=top_k, mul_route_weight=False, swap_ab=up.swap_ab, config=up_cfg,
-                               c_sorted=ws.sorted, w_desc=w1_desc, pdl=up.pdl, pdl_early=up.pdl_early)
+                               c_sorted=in_plan_order, w_desc=w1_desc, pdl=up.pdl, pdl_early=up.pdl_early)
 
         def gemm2() -> None:
-            tm.launch_moe_gemm(tm.moebench_moe_gemm2, ws.act_q, ws.act_scale, w2, w2_scale, ws.y_slots,
+            tm.launch_moe_gemm(tm.moebench_moe_gemm2, act_q, act_scale, w2, w2_scale, y_slots,
                                route_weights, *plan_args, a_row_div=1, mul_route_weight=True, swap_ab=down.swap_ab,
-                               config=down_cfg, a_sorted=ws.sorted, a_desc=a2_desc, w_desc=w2_desc,
+                               config=down_cfg, a_sorted=in_plan_order, a_desc=a2_desc, w_desc=w2_desc,
                                pdl=down.pdl, pdl_early=down.pdl_early)
 
         run = ws.path(gemm1, gemm2)
@@ -218,22 +218,19 @@ class TritonMoeArm(Arm):
 @dataclass
 class StockWorkspace:
     """What a prepared stock-path call owns besides its weights: the route plan, sized as the
-    engines size it, and the intermediates, in slot order or (`sorted`) in route-plan order."""
+    engines size it, and the intermediates, in slot order or (`sorted`) in route-plan order.
+    Everything run() touches is made here, once: the timed call creates no tensor, not a view."""
 
     plan: RoutePlan
     sorted: bool
-    buffers: dict[str, torch.Tensor]
     route_weights: torch.Tensor  # [S] fp32
-
-    def __getattr__(self, name):  # ws.h, ws.act, ws.act_q, ws.act_scale, ws.y, ws.out
-        try:
-            return self.__dict__["buffers"][name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    @property
-    def y_slots(self) -> torch.Tensor:
-        return self.y.view(-1, self.y.shape[-1])
+    h: torch.Tensor  # [rows, N] bf16: GEMM1's output
+    act: torch.Tensor  # [rows, I] bf16: silu(gate) * up
+    act_q: torch.Tensor  # [rows, I] e4m3, and its scales act_scale [rows, I/128]
+    act_scale: torch.Tensor
+    y: torch.Tensor  # [M, top_k, K] bf16: GEMM2's output, y_slots its [S, K] view
+    y_slots: torch.Tensor
+    out: torch.Tensor  # [M, K] bf16
 
     @property
     def plan_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -271,8 +268,9 @@ def stock_workspace(fx: Fixture, block_m: int, sorted_down: bool) -> StockWorksp
     S = fx.M * spec.top_k
     plan = route_plan(fx.topk_ids, spec.E, block_m, capacity=engine_plan_capacity(S, spec.E, block_m))
     rows = sorted_rows(S, spec.E, block_m, sorted_down)
-    buffers = kernels_module().allocate_buffers(fx.M, spec.top_k, spec.K, spec.N, fx.device, rows=rows)
-    return StockWorkspace(plan.to(fx.device), sorted_down, buffers, fx.topk_weights.contiguous().reshape(-1))
+    b = kernels_module().allocate_buffers(fx.M, spec.top_k, spec.K, spec.N, fx.device, rows=rows)
+    return StockWorkspace(plan.to(fx.device), sorted_down, fx.topk_weights.contiguous().reshape(-1), b["h"], b["act"],
+                          b["act_q"], b["act_scale"], b["y"], b["y"].view(S, spec.K), b["out"])
 
 
 @register_arm("triton")
