@@ -263,71 +263,77 @@ def moebench_moe_gemm2(
 
 
 @triton.jit
-def _row_holds_slot(row, sorted_slots_ptr, num_slots, cols):
-    """Whether a row of the intermediate in plan order holds a token slot, as a mask shaped like
-    `cols`: padding rows do not, and are written as zeros (GEMM2 reads them, masked)."""
-    return (tl.zeros_like(cols) + tl.load(sorted_slots_ptr + row)) < num_slots
+def _row_block(pid, n_rows, sorted_slots_ptr, padded_total_ptr, num_slots, ROWS: tl.constexpr,
+               SORTED: tl.constexpr):
+    """A program's ROWS rows of the intermediate: their indices, which of them to write, and
+    which hold a token slot. In plan order, rows past the padded total are left alone and
+    padding rows are written as zeros (GEMM2 reads them, masked)."""
+    rows = pid * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    write = rows < n_rows
+    if SORTED:
+        write = write & (rows < tl.load(padded_total_ptr))
+        holds = write & (tl.load(sorted_slots_ptr + rows, mask=write, other=num_slots) < num_slots)
+    else:
+        holds = write
+    return rows, write, holds
 
 
 @triton.jit
 def moebench_moe_silu_and_mul(
     h_ptr, out_ptr,  # h [rows, 2I] bf16, gate columns then up columns; out [rows, I] bf16
     sorted_slots_ptr, padded_total_ptr, num_slots,  # the route plan, read when SORTED
-    I, stride_h, stride_out,
+    n_rows, I, stride_h, stride_out,
     SORTED: tl.constexpr,  # rows in route-plan order (the sorted layout of the TMA down GEMM)
-    BLOCK_SIZE: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
 ):
     """out = silu(gate) * up, in FP32, rounded to bf16 once.
 
-    One program per (row, BLOCK_SIZE columns): reads 4*BLOCK_SIZE bytes, writes 2*BLOCK_SIZE,
-    about 5 FLOPs and one exp per element: bound by memory.
+    One program per (ROWS rows, BLOCK_SIZE columns), as the engines' vectorized kernel covers
+    the rows with few blocks: reads 4*ROWS*BLOCK_SIZE bytes, writes half that, about 5 FLOPs and
+    one exp per element: bound by memory.
     """
-    row = tl.program_id(axis=0).to(tl.int64)
+    pid = tl.program_id(axis=0)
     if SORTED:
-        if row >= tl.load(padded_total_ptr):  # rows past the plan's padded total are never read
+        if pid * ROWS >= tl.load(padded_total_ptr):  # rows past the plan's padded total are never read
             return
+    rows, write, holds = _row_block(pid, n_rows, sorted_slots_ptr, padded_total_ptr, num_slots, ROWS, SORTED)
     cols = tl.program_id(axis=1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = cols < I
-    load_mask = mask
-    if SORTED:
-        load_mask = mask & _row_holds_slot(row, sorted_slots_ptr, num_slots, cols)
-    gate = tl.load(h_ptr + row * stride_h + cols, mask=load_mask, other=0.0).to(tl.float32)
-    up = tl.load(h_ptr + row * stride_h + I + cols, mask=load_mask, other=0.0).to(tl.float32)
+    col_ok = (cols < I)[None, :]
+    h_row = h_ptr + rows[:, None] * stride_h + cols[None, :]
+    gate = tl.load(h_row, mask=holds[:, None] & col_ok, other=0.0).to(tl.float32)
+    up = tl.load(h_row + I, mask=holds[:, None] & col_ok, other=0.0).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + row * stride_out + cols, _exact_bf16(out, ROUND_IN_FP32).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
+             _exact_bf16(out, ROUND_IN_FP32).to(out_ptr.dtype.element_ty), mask=write[:, None] & col_ok)
 
 
 @triton.jit
 def moebench_moe_act_quant(
     x_ptr, q_ptr, scale_ptr,  # x [rows, D] bf16 -> q [rows, D] e4m3 and scale [rows, D / GROUP] fp32
     sorted_slots_ptr, padded_total_ptr, num_slots,  # the route plan, read when SORTED
-    groups_per_row, stride_x, stride_q, stride_s,
+    n_rows, stride_x, stride_q, stride_s,
     SORTED: tl.constexpr,  # rows in route-plan order
-    GROUP: tl.constexpr,
+    ROWS: tl.constexpr, GROUP: tl.constexpr,
     ROUND_IN_FP32: tl.constexpr,  # True only under the interpreter, see _exact_e4m3
 ):
     """Per-token group-128 FP8 quantization: scale = max(amax / 448, 1e-10), q = x / scale.
 
-    One program per group of GROUP values: reads 2*GROUP bytes, writes GROUP + 4.
+    One program per (ROWS rows, one group of GROUP columns): reads 2*ROWS*GROUP bytes, writes
+    ROWS*(GROUP + 4).
     """
-    pid = tl.program_id(axis=0).to(tl.int64)
-    row = pid // groups_per_row
+    pid = tl.program_id(axis=0)
     if SORTED:
-        if row >= tl.load(padded_total_ptr):
+        if pid * ROWS >= tl.load(padded_total_ptr):
             return
-    col0 = (pid % groups_per_row) * GROUP
-    cols = col0 + tl.arange(0, GROUP)
-    if SORTED:
-        x = tl.load(x_ptr + row * stride_x + cols,
-                    mask=_row_holds_slot(row, sorted_slots_ptr, num_slots, cols), other=0.0)
-    else:
-        x = tl.load(x_ptr + row * stride_x + cols)
-    x = x.to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 448.0, 1e-10)
-    y = tl.clamp(x / scale, -448.0, 448.0)
-    tl.store(q_ptr + row * stride_q + cols, _exact_e4m3(y, ROUND_IN_FP32).to(q_ptr.dtype.element_ty))
-    tl.store(scale_ptr + row * stride_s + pid % groups_per_row, scale)
+    rows, write, holds = _row_block(pid, n_rows, sorted_slots_ptr, padded_total_ptr, num_slots, ROWS, SORTED)
+    group = tl.program_id(axis=1)
+    cols = group * GROUP + tl.arange(0, GROUP)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=holds[:, None], other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1) / 448.0, 1e-10)
+    y = tl.clamp(x / scale[:, None], -448.0, 448.0)
+    tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :],
+             _exact_e4m3(y, ROUND_IN_FP32).to(q_ptr.dtype.element_ty), mask=write[:, None])
+    tl.store(scale_ptr + rows * stride_s + group, scale, mask=write)
 
 
 @triton.jit
@@ -461,6 +467,9 @@ def elementwise_block(n: int) -> int:
     return min(triton.next_power_of_2(n), 1024)
 
 
+ROW_BLOCK = 16  # rows per program of the row kernels (SwiGLU, requant)
+
+
 def launch_silu_and_mul(h: torch.Tensor, act: torch.Tensor, plan=None) -> None:
     """act = silu(gate) * up, row by row. `plan` = (sorted slots, padded total, slot count) when
     the rows are in route-plan order."""
@@ -470,23 +479,21 @@ def launch_silu_and_mul(h: torch.Tensor, act: torch.Tensor, plan=None) -> None:
     _check_rowmajor(h=h, act=act)
     block = elementwise_block(I)
     sorted_slots, padded_total, num_slots = plan if plan is not None else (h, h, rows)
-    moebench_moe_silu_and_mul[(rows, triton.cdiv(I, block))](
-        h, act, sorted_slots, padded_total, num_slots, I, h.stride(0), act.stride(0),
-        SORTED=plan is not None, BLOCK_SIZE=block, ROUND_IN_FP32=INTERPRETED, num_warps=4)
+    moebench_moe_silu_and_mul[(triton.cdiv(rows, ROW_BLOCK), triton.cdiv(I, block))](
+        h, act, sorted_slots, padded_total, num_slots, rows, I, h.stride(0), act.stride(0),
+        SORTED=plan is not None, ROWS=ROW_BLOCK, BLOCK_SIZE=block, ROUND_IN_FP32=INTERPRETED, num_warps=4)
 
 
 def launch_act_quant(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, plan=None) -> None:
+    """Per-token group-128 FP8 quantization of x's rows (in route-plan order with `plan`)."""
     S, D = x.shape
     if D % QUANT_GROUP or q.shape != x.shape or scale.shape != (S, D // QUANT_GROUP):
         raise ValueError(f"quant shapes disagree: x {tuple(x.shape)}, q {tuple(q.shape)}, scale {tuple(scale.shape)}")
     _check_rowmajor(x=x, q=q, scale=scale)
-    groups = D // QUANT_GROUP
     sorted_slots, padded_total, num_slots = plan if plan is not None else (x, x, S)
-    # One warp per group of 128, as the engines' per_token_group_quant_fp8 launches it.
-    moebench_moe_act_quant[(S * groups,)](x, q, scale, sorted_slots, padded_total, num_slots,
-                                          groups, x.stride(0), q.stride(0), scale.stride(0),
-                                          SORTED=plan is not None, GROUP=QUANT_GROUP, ROUND_IN_FP32=INTERPRETED,
-                                          num_warps=1, num_stages=1)
+    moebench_moe_act_quant[(triton.cdiv(S, ROW_BLOCK), D // QUANT_GROUP)](
+        x, q, scale, sorted_slots, padded_total, num_slots, S, x.stride(0), q.stride(0), scale.stride(0),
+        SORTED=plan is not None, ROWS=ROW_BLOCK, GROUP=QUANT_GROUP, ROUND_IN_FP32=INTERPRETED, num_warps=4)
 
 
 def launch_combine(y: torch.Tensor, out: torch.Tensor) -> None:
