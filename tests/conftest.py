@@ -24,3 +24,14 @@ def pytest_collection_modifyitems(config, items):
 def registry():
     from moebench.fixtures import ShapeRegistry
     return ShapeRegistry()
+
+
+@pytest.fixture(scope="module")
+def compiled_triton():
+    """The Triton kernels compiled for the GPU (not the interpreter) for a module's tests."""
+    from moebench.kernels.triton_arms import interpreter_requested, kernels_module, use_interpreter
+    was = interpreter_requested()
+    use_interpreter(False)
+    assert kernels_module().INTERPRETED is False
+    yield
+    use_interpreter(was)

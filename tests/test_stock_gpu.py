@@ -10,9 +10,8 @@ import torch
 from moebench.fixtures import build_fixture, derive
 from moebench.kernels.arm import make_arm
 from moebench.kernels.parity import References, check_parity
-from moebench.kernels.triton_arms import interpreter_requested, kernels_module, use_interpreter
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled_triton")]
 
 SHAPES = ["A1", "A8", "A128", "A512", "Q1", "Q8", "Q128", "Q4096"]
 MODEL_BOUND = 1e-2
@@ -24,15 +23,6 @@ def _engine():
     if sglang_version() is None:
         pytest.skip("SGLang is not installed")
     return load_engine()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled_kernels():
-    was = interpreter_requested()
-    use_interpreter(False)
-    assert kernels_module().INTERPRETED is False
-    yield
-    use_interpreter(was)
 
 
 @pytest.fixture(scope="module")

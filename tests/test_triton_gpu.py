@@ -16,26 +16,16 @@ from moebench.fixtures import build_fixture, derive
 from moebench.kernels.arm import make_arm
 from moebench.kernels.parity import References, check_parity
 from moebench.kernels.engine_config import TritonMoeConfig
-from moebench.kernels.triton_arms import (TRITON_KERNELS, interpreter_requested, kernels_module, swap_ab_selected,
-                                          use_interpreter)
+from moebench.kernels.triton_arms import TRITON_KERNELS, swap_ab_selected
 from moebench.kernels.verify import edge_cases
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled_triton")]
 
 MODEL_BOUND = 1e-2
 ORACLE_BOUND = 5e-2
 SHAPES = ["A8", "A128", "Q8", "Q128"]
 ARMS = ["triton", "triton-default", "triton-swapab"]
 EDGE = ["M=1", "one expert set", "empty experts", "M=67"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled_kernels():
-    was = interpreter_requested()
-    use_interpreter(False)
-    assert kernels_module().INTERPRETED is False
-    yield
-    use_interpreter(was)
 
 
 @pytest.fixture(scope="module")
