@@ -19,7 +19,8 @@ RESULTS = ROOT / "results" / "h200"
 DOCS = ROOT / "docs" / "h200"
 
 # Runs with a full report page (and plots) under docs/h200/.
-REPORTS = ["all-arms", "stock", "sweep-A", "sweep-Q"]
+REPORTS = {"all-arms": "all-arms.json", "stock-referee": "stock-referee.json",
+           "sweep-A": "sweep-A.json.gz", "sweep-Q": "sweep-Q.json.gz"}
 
 
 def moebench(*args: str) -> str:
@@ -34,7 +35,7 @@ def flush_table() -> str:
     from moebench.results.store import load
 
     modes = ["read", "write", "none"]
-    runs = {m: load(RESULTS / f"flush-{m}.json") for m in modes}
+    runs = {m: load(RESULTS / f"flush-{m}.json.gz") for m in modes}
     medians = {m: {(s.shape, s.arm): s.median_ns for s in r.summaries} for m, r in runs.items()}
     lines = ["| shape | arm | read (cold, clean) µs | write (cold, dirty) µs | none (warm) µs | write / read | none / read |",
              "|---|---|--:|--:|--:|--:|--:|"]
@@ -59,7 +60,7 @@ def swapab_sentence() -> str:
 
     parts = []
     for family in ("A", "Q"):
-        r = load(RESULTS / f"sweep-{family}.json")
+        r = load(RESULTS / f"sweep-{family}.json.gz")
         rows = [x for x in r.ratios if x.ref == "cuda-gemm" and x.arm == "cuda-swapab"]
         lo, hi = min(rows, key=lambda x: x.median), max(rows, key=lambda x: x.median)
         won = sum(x.rounds_won for x in rows)
@@ -74,8 +75,8 @@ FUSED_TARGETS = {"A8": (1.5, 1.5), "Q8": (1.5, 1.5), "A128": (1.25, None), "Q128
 
 
 def fused_table() -> str:
-    """Issue 6's bars for cuda-fused, read off the all-arms run: time over the HBM floor (at
-    the run's measured read bandwidth), speed-up over triton, and the fastest other arm."""
+    """cuda-fused's bars, read off the all-arms run: time over the HBM floor (at the run's
+    measured read bandwidth), speed-up over the engine-faithful triton, and the fastest other arm."""
     sys.path.insert(0, str(ROOT))
     from moebench.results.store import load
 
@@ -100,6 +101,14 @@ def fused_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def referee_sentence(name: str) -> str:
+    """The stock arm against its referee in one committed run, as the Markdown report gives it."""
+    sys.path.insert(0, str(ROOT))
+    from moebench.results.markdown import referee_markdown
+    from moebench.results.store import load
+    return referee_markdown(load(RESULTS / name)) + "\n"
+
+
 def sections() -> dict[str, str]:
     return {
         "swapab": swapab_sentence(),
@@ -109,19 +118,23 @@ def sections() -> dict[str, str]:
         "wall": log_lines("wall-1200-samples.log", r"audited", r"^real") + "\n"
                 + log_lines("wall-2400-samples.log", r"audited", r"^real"),
         "all-arms": moebench("report", "results/h200/all-arms.json", "--format", "summary"),
-        "stock": moebench("report", "results/h200/stock.json", "--format", "summary"),
-        "repeat": moebench("compare", "results/h200/stock.json", "results/h200/stock-repeat.json",
+        "stock": moebench("report", "results/h200/stock-referee.json", "--format", "summary"),
+        "stock-no-pdl": referee_sentence("stock-referee-no-pdl.json.gz"),
+        "repeat": moebench("compare", "results/h200/all-arms-before-fused-split.json.gz",
+                           "results/h200/all-arms-after-fused-split.json.gz",
                            "--format", "markdown"),
         "flush": log_lines("flush.log", r"^add: median") + "\n" + flush_table(),
-        "sweep-A": moebench("report", "results/h200/sweep-A.json", "--format", "summary"),
-        "sweep-Q": moebench("report", "results/h200/sweep-Q.json", "--format", "summary"),
+        "sweep-A": moebench("report", "results/h200/sweep-A.json.gz", "--format", "summary"),
+        "sweep-Q": moebench("report", "results/h200/sweep-Q.json.gz", "--format", "summary"),
     }
 
 
 def write_docs() -> None:
-    for name in REPORTS:
-        moebench("report", f"results/h200/{name}.json", "--format", "markdown",
+    for name, file in REPORTS.items():
+        moebench("report", f"results/h200/{file}", "--format", "markdown",
                  "--output", f"docs/h200/{name}.md", "--plot", "docs/h200/img", "--prefix", f"{name}-")
+    for svg in (DOCS / "img").glob("*.svg"):  # the pages link the PNGs
+        svg.unlink()
 
 
 def fill_readme(parts: dict[str, str]) -> None:
