@@ -13,6 +13,7 @@ from statistics import median
 from typing import Iterable, Mapping, Sequence
 
 from moebench.results.schema import ArmSummary, RatioSummary, Sample
+from moebench.timing.audit import kernel_labels
 
 
 def rows_by_round(values: Iterable[tuple[int, float]]) -> dict[int, float]:
@@ -120,23 +121,6 @@ def with_ref(result, ref: str):
 
 REFEREES = {"triton": "sglang"}  # stock arm -> the engine arm that referees it
 REFEREE_TOLERANCE = 0.03  # DESIGN: a stock arm is within 3% of its referee
-
-
-def kernel_labels(names: Sequence[str], declared) -> list[str | None]:
-    """The declared label of each kernel (in start order): each kernel goes to the first
-    declaration that matches it and still has room, as the audit assigns them."""
-    import re
-    room = [d.count for d in declared]
-    labels: list[str | None] = []
-    for name in names:
-        for i, d in enumerate(declared):
-            if room[i] > 0 and re.search(d.pattern, name):
-                room[i] -= 1
-                labels.append(d.label)
-                break
-        else:
-            labels.append(None)
-    return labels
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import torch
 
 from moebench.results.formats import FORMATS
 from moebench.results.schema import KernelRecord, Sample
-from moebench.stats import kernel_labels, kernel_summaries, referee_checks
+from moebench.stats import kernel_summaries, referee_checks
+from moebench.timing.audit import kernel_labels
 from result_factory import make_result
 
 

@@ -31,19 +31,32 @@ def _regex(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
-def kernel_mismatch(names: Sequence[str], declared: Sequence[Declared]) -> str | None:
-    """Why `names` are not exactly the declared kernels, or None if they are.
-
-    Each kernel is given to the first declaration that matches it and still has room."""
+def _assign(names: Sequence[str], declared: Sequence[Declared]) -> tuple[list[int | None], list[int]]:
+    """Each kernel to the first declaration that matches it and still has room: the index of
+    its declaration (None: no room anywhere), and the room left in each declaration."""
     room = [d.count for d in declared]
-    unexpected = []
+    given: list[int | None] = []
     for name in names:
         for i, d in enumerate(declared):
             if room[i] > 0 and _regex(d.pattern).search(name):
                 room[i] -= 1
+                given.append(i)
                 break
         else:
-            unexpected.append(name)
+            given.append(None)
+    return given, room
+
+
+def kernel_labels(names: Sequence[str], declared: Sequence[Declared]) -> list[str | None]:
+    """The declared label each kernel is given, as the audit assigns them (None: no room)."""
+    given, _ = _assign(names, declared)
+    return [None if i is None else declared[i].label for i in given]
+
+
+def kernel_mismatch(names: Sequence[str], declared: Sequence[Declared]) -> str | None:
+    """Why `names` are not exactly the declared kernels, or None if they are."""
+    given, room = _assign(names, declared)
+    unexpected = [n for n, i in zip(names, given) if i is None]
     expected = sum(d.count for d in declared)
     if not unexpected and not any(room):
         return None
