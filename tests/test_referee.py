@@ -139,3 +139,14 @@ def test_sglang_arm_says_why_it_cannot_run(fake_sglang, monkeypatch):
         assert arm.unavailable_reason(torch.device("cpu")) == "the engine's kernels run on a CUDA device only"
     monkeypatch.setattr(fake_sglang, "sglang_version", lambda: None)
     assert arm.unavailable_reason(torch.device("cpu")) == "SGLang is not installed (pip install 'moebench[sglang]')"
+
+
+def test_doctor_reports_the_stock_tables_and_the_referee_without_failing_on_them():
+    from result_factory import run_cli
+    code, out, _ = run_cli(["doctor"])
+    lines = {ln.split()[1]: ln for ln in out.splitlines() if ln.split()[1:2] in (["stock"], ["referee:"])}
+    assert "sglang 0.5.23 tables for" in lines["stock"]
+    assert lines["referee:"].startswith(("OK", "OPTIONAL"))
+    if not torch.cuda.is_available():
+        assert "none: the engines' default config" in lines["stock"]
+        assert code == 1  # no GPU is a failure of the required checks, not of these two

@@ -49,6 +49,34 @@ def _nvrtc():
     return f"NVRTC {major}.{minor}"
 
 
+def _stock_tables():
+    """Which built-in families the stock arm has the engine's tuned tables for on this GPU."""
+    import torch
+    import triton
+
+    from moebench.fixtures import ShapeRegistry
+    from moebench.kernels.engine_config import TableKey, base_version, load_engine_tables
+    tables = load_engine_tables()
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    found = []
+    for family in ("A", "Q"):
+        spec = ShapeRegistry().resolve(f"{family}8")
+        for down in (False, True):
+            key = TableKey(name.replace(" ", "_"), spec.E, spec.N // 2, down)
+            table, version = tables.find(key, base_version(triton.__version__))
+            if table is not None:
+                found.append(f"{family} {'down' if down else 'up'} (Triton {version})")
+    where = ", ".join(found) or "none: the engines' default config"
+    return f"{tables.engine} {tables.version} tables for {name}: {where}"
+
+
+def _referee():
+    from moebench.kernels.sglang_arm import load_engine
+    engine = load_engine()
+    how = "whole engine" if not engine.stand_ins else f"{len(engine.stand_ins)} engine modules stood in for"
+    return f"sglang {engine.version} ({how})"
+
+
 def _version(dist):
     def get():
         from importlib.metadata import version
@@ -56,6 +84,7 @@ def _version(dist):
     return get
 
 
+OPTIONAL = (("stock tables", _stock_tables), ("referee", _referee))  # reported, never a failure
 CHECKS = (
     ("torch", _torch), ("GPU", _gpu), ("driver", _driver), ("CUPTI", _cupti), ("NVRTC", _nvrtc),
     ("cuda-core", _version("cuda-core")), ("triton", _version("triton")), ("nvtx", _version("nvtx")),
@@ -73,5 +102,8 @@ def doctor():
         ok, line = _check(label, fn)
         missing += not ok
         click.echo(f"{'OK' if ok else 'MISSING':8} {line}")
+    for label, fn in OPTIONAL:
+        ok, line = _check(label, fn)
+        click.echo(f"{'OK' if ok else 'OPTIONAL':8} {line}")
     if missing:
         raise click.exceptions.Exit(1)
