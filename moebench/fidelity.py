@@ -94,15 +94,17 @@ def parse_ncu_csv(text: str, metric: str = "gpu__time_duration.sum", kernel_rege
 def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int = 10, flush: str = "read",
               timer: str = "cupti", backend=None) -> ProbeResult:
     """Time the workload like an arm: one round, `samples` cold samples, audited."""
-    from moebench.runner import RunRequest, cuda_backend
+    from moebench.runner import MAX_SAMPLES, RunRequest, cuda_backend
     from moebench.timing.audit import audit_samples
     from moebench.timing.engine import EngineConfig, run_rounds
     from moebench.timing.events_timer import NullTimer
 
     if timer not in ("cupti", "events", "none"):
         raise UserError(f"unknown --timer {timer!r} (known: cupti, events, none)")
-    if samples < 1 or warmup < 0:
-        raise UserError("--samples must be at least 1, --warmup at least 0")
+    if not (1 <= samples <= MAX_SAMPLES and 0 <= warmup <= MAX_SAMPLES):
+        raise UserError(f"--samples must be 1 to {MAX_SAMPLES:,}, --warmup 0 to {MAX_SAMPLES:,}")
+    if not 1 <= mib <= 65536:
+        raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
     if backend is None:
         req = RunRequest(shapes=("_probe",), arms=(op,), flush=flush, timer="events" if timer == "none" else timer)
         backend = cuda_backend(req)

@@ -25,7 +25,7 @@ from moebench.kernels.external import external_arm_factories
 from moebench.kernels.parity import References, check_parity
 from moebench.results import schema as S
 from moebench.results.provenance import provenance, utc_now
-from moebench.results.store import save
+from moebench.results.store import ensure_writable_dir, reserve_path, save
 from moebench.stats import summarize
 from moebench.timing.audit import audit_samples
 from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Timer, Unit, run_rounds
@@ -34,6 +34,8 @@ from moebench.timing.flush import FLUSH_MODES, L2Flush
 TIMERS = ("cupti", "events")
 PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run's
 PROBE_SAMPLES = 20
+MAX_ROUNDS = 1_000
+MAX_SAMPLES = 100_000  # per arm per round: more is a typo, and the timer's buffers are sized by it
 
 
 class RunFailed(Exception):
@@ -63,6 +65,7 @@ class RunRequest:
     defines: tuple[str, ...] = ()  # `--define NAME:KEY=VALUE`, per build
     external_arms: tuple[str, ...] = ()  # `--arm NAME=module:factory`
     build_host: str = "revision"  # git builds: the arm's host module at the revision, or this tree's
+    max_fixture_gb: float = 16.0  # shapes whose fixture takes more host memory to build are refused
 
     @property
     def ref_arm(self) -> str:
@@ -102,6 +105,9 @@ def validate(req: RunRequest) -> None:
         raise UserError(f"--ref {req.ref!r} is not one of the arms ({', '.join(req.arms)})")
     if req.rounds < 1 or req.samples < 1 or req.warmup < 0:
         raise UserError("--rounds and --samples must be at least 1, --warmup at least 0")
+    if req.rounds > MAX_ROUNDS or req.samples > MAX_SAMPLES or req.warmup > MAX_SAMPLES:
+        raise UserError(f"--rounds must be at most {MAX_ROUNDS:,}, --samples and --warmup at most {MAX_SAMPLES:,} "
+                        f"(per arm per round)")
     if req.flush not in FLUSH_MODES:
         raise UserError(f"unknown --flush {req.flush!r} (known: {', '.join(FLUSH_MODES)})")
     if req.timer not in TIMERS:
@@ -174,7 +180,7 @@ def measure_read_bandwidth(backend: TimingBackend, timer: Timer, samples: int = 
 
 
 def resolve_specs(req: RunRequest):
-    registry = ShapeRegistry()
+    registry = ShapeRegistry(max_fixture_gb=req.max_fixture_gb)
     if req.shapes_file:
         registry = registry.with_shapes_file(req.shapes_file)
     return registry.resolve_many(list(req.shapes), balancedness=req.balancedness)
@@ -344,6 +350,7 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
         raise UserError("no CUDA device visible: with no --arms, `moebench run` times every arm that can run "
                         "on this machine's GPU (see `moebench arms` and `moebench doctor`)")
     validate(req)
+    ensure_writable_dir(req.out_dir)
     started_at = utc_now()
     if backend is None:
         resolve_specs(req)  # bad shape names before touching the GPU
@@ -358,5 +365,5 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
     else:
         out, bandwidth, options = time_units(req, backend, prep.units)
     result = assemble(req, backend, prep, out, bandwidth, options, started_at)
-    path = save(result, Path(req.out_dir) / result_filename(result))
+    path = save(result, reserve_path(Path(req.out_dir) / result_filename(result)))
     return result, path

@@ -89,7 +89,7 @@ def summarize(samples: Sequence[Sample], shapes: Sequence[str], arms: Sequence[s
             if not unit:
                 continue
             rows[arm] = rows_by_round((s.round, s.value_ns) for s in unit)
-            summaries.append(arm_summary(shape, arm, unit, hbm_bytes[shape], read_bandwidth_bytes_per_s,
+            summaries.append(arm_summary(shape, arm, unit, hbm_bytes.get(shape, 0), read_bandwidth_bytes_per_s,
                                          rows=rows[arm]))
         if ref in rows:
             ratios.extend(ratio_summary(shape, ref, arm, rows[ref], rows[arm]) for arm in arms

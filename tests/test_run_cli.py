@@ -157,3 +157,62 @@ def test_flush_sizes():
     f()
     assert f.nbytes == 256 * 2**20
     f.release()
+
+
+def test_an_unwritable_out_folder_is_refused_before_any_work(tmp_path):
+    from moebench.errors import UserError
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    req = RunRequest(shapes=("T8",), arms=("fake-ref",), rounds=1, samples=1, warmup=0,
+                     out_dir=str(blocker / "results"), measure_bandwidth=False)
+    launched = len(GPU.launch_log)
+    with pytest.raises(UserError, match="cannot write results into"):
+        run(req, backend())
+    assert len(GPU.launch_log) == launched  # nothing ran
+
+
+def test_two_runs_started_in_the_same_second_keep_both_results(tmp_path, monkeypatch):
+    import moebench.runner as runner
+    monkeypatch.setattr(runner, "utc_now", lambda: "2026-12-01T12:00:00Z")
+    req = RunRequest(shapes=("T8",), arms=("fake-ref",), rounds=1, samples=1, warmup=0, out_dir=str(tmp_path),
+                     measure_bandwidth=False)
+    (_, first), (_, second) = run(req, backend()), run(req, backend())
+    assert first != second and first.exists() and second.exists()
+    assert second.name == first.name.replace(".json", "_2.json")
+    assert load(first).provenance.started_at == load(second).provenance.started_at
+
+
+def test_shapes_are_sized_before_anything_is_allocated(capsys):
+    code, err = cli_error(capsys, "fixtures", "--shape", "A1048576")
+    assert "needs about 121.8 GB of host memory" in err and "A65536 fits" in err and "--max-fixture-gb" in err
+    code, err = cli_error(capsys, "run", "--arms", "fake-ref", "--shape", "A1048576")
+    assert "host memory" in err
+    code, err = cli_error(capsys, "fixtures", "--shape", "T8", "--max-fixture-gb", "0")
+    assert "--max-fixture-gb must be a positive number" in err
+    code, err = cli_error(capsys, "fixtures", "--shape", "T\uff18")  # a full-width digit
+    assert "bad shape name" in err
+
+
+def test_report_write_mistakes_are_one_line(tmp_path, capsys):
+    from result_factory import make_result
+
+    from moebench.results.store import save
+    path = save(make_result(), tmp_path / "r.json")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for argv, needle in ((["--plot", str(blocker / "img")], "cannot write plots into"),
+                         (["-o", str(blocker / "r.md")], "cannot write"),
+                         (["--plot", str(tmp_path / "img"), "--prefix", "../x"], "--prefix")):
+        code, err = cli_error(capsys, "report", str(path), *argv)
+        assert code == 2 and needle in err and err.count("\n") == 0, err
+    out = tmp_path / "deep" / "r.md"
+    assert main_ok(["report", str(path), "--format", "markdown", "-o", str(out)])
+    assert out.read_text().startswith("### moebench") and not list(out.parent.glob(".*.tmp"))
+
+
+def main_ok(argv) -> bool:
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return exc.code in (0, None)
+    return True

@@ -14,8 +14,13 @@ balancedness_option = click.option("--balancedness", type=float, default=0.8, sh
                                    help="Routing balance b: p = b*uniform + (1-b)*Zipf(1).")
 
 
-def registry(shapes_file: str | None) -> ShapeRegistry:
-    reg = ShapeRegistry()
+max_fixture_gb_option = click.option(
+    "--max-fixture-gb", type=float, default=16.0, show_default=True,
+    help="Refuse shapes whose fixture takes more host memory than this to build.")
+
+
+def registry(shapes_file: str | None, max_fixture_gb: float = 16.0) -> ShapeRegistry:
+    reg = ShapeRegistry(max_fixture_gb=max_fixture_gb)
     return reg.with_shapes_file(shapes_file) if shapes_file else reg
 
 triton_config_option = click.option(

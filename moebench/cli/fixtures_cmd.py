@@ -9,7 +9,8 @@ import click
 from rich.table import Table
 
 from moebench.cli import cli
-from moebench.cli.common import balancedness_option, registry, shape_option, shapes_file_option
+from moebench.cli.common import (balancedness_option, max_fixture_gb_option, registry, shape_option,
+                                 shapes_file_option)
 from moebench.fixtures import build_fixture
 from moebench.fixtures.summary import fixture_summary
 from moebench.results.tables import make_console
@@ -22,9 +23,10 @@ DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
 @shapes_file_option
 @balancedness_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def fixtures(shapes, shapes_file, balancedness, as_json):
+@max_fixture_gb_option
+def fixtures(shapes, shapes_file, balancedness, as_json, max_fixture_gb):
     """Build fixtures and print their dims, routing, floors and fingerprint."""
-    specs = registry(shapes_file).resolve_many(list(shapes) or list(DEFAULT_SHAPES), balancedness=balancedness)
+    specs = registry(shapes_file, max_fixture_gb).resolve_many(list(shapes) or list(DEFAULT_SHAPES), balancedness=balancedness)
     summaries = []
     for spec in specs:
         start = time.perf_counter()

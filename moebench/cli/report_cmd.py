@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
 
 import click
 
+from moebench.atomic_write import atomic_write
 from moebench.cli import cli
+from moebench.errors import UserError
 from moebench.results.formats import FORMATS
 from moebench.results.store import load
 
@@ -32,13 +35,19 @@ def report(result_path, fmt, plot_dir, output, prefix, ref):
     from moebench.results.markdown import Image
     from moebench.stats import with_ref
 
+    if prefix and (any(sep in prefix for sep in ("/", "\\")) or ".." in prefix):
+        raise UserError(f"--prefix {prefix!r}: a prefix of file names, without a folder or '..'")
     result = load(result_path)
     if ref is not None:
         result = with_ref(result, ref)
     images = []
     if plot_dir is not None:
         from moebench.results.plots import write_plots
-        for plot in write_plots(ResultIndex(result), plot_dir, prefix=prefix):
+        try:
+            plots = write_plots(ResultIndex(result), plot_dir, prefix=prefix)
+        except OSError as err:
+            raise UserError(f"cannot write plots into {plot_dir}: {err.strerror or err}") from None
+        for plot in plots:
             png = plot.paths[0]
             # Links relative to the Markdown file when it has one, else as the folder was given.
             link = os.path.relpath(png, Path(output).parent) if output else png
@@ -47,7 +56,11 @@ def report(result_path, fmt, plot_dir, output, prefix, ref):
     if output is None:
         FORMATS[fmt](result, sys.stdout, images)
         return
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    with open(output, "w", encoding="utf-8", newline="\n") as f:
-        FORMATS[fmt](result, f, images)
+    text = io.StringIO()
+    FORMATS[fmt](result, text, images)
+    try:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(output, text.getvalue().encode("utf-8"))
+    except OSError as err:
+        raise UserError(f"cannot write {output}: {err.strerror or err}") from None
     click.echo(f"wrote {output}", err=True)

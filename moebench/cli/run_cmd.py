@@ -18,6 +18,7 @@ from rich.progress import (
 from moebench.cli import cli
 from moebench.cli.common import (
     balancedness_option,
+    max_fixture_gb_option,
     pdl_option,
     shape_option,
     shapes_file_option,
@@ -70,10 +71,11 @@ def _progress(console: Console, total: int):
               help="CUPTI kernel records, or CUDA events (labelled so in the result).")
 @triton_config_option
 @pdl_option
+@max_fixture_gb_option
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
 def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, external_arms, ref, rounds,
-                samples, warmup, flush, timer, triton_config, pdl, out_dir):
+                samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
@@ -82,7 +84,7 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                      shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
                      arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds), build_arm=build_arm,
                      build_host=build_host,
-                     defines=tuple(defines), external_arms=tuple(external_arms))
+                     defines=tuple(defines), external_arms=tuple(external_arms), max_fixture_gb=max_fixture_gb)
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))

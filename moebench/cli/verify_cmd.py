@@ -7,8 +7,8 @@ import torch
 from rich.table import Table
 
 from moebench.cli import cli
-from moebench.cli.common import (balancedness_option, pdl_option, registry, shape_option, shapes_file_option,
-                                 triton_config_option)
+from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, registry, shape_option,
+                                 shapes_file_option, triton_config_option)
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture
 from moebench.kernels.arm import default_arms, parse_arm_list
@@ -30,12 +30,14 @@ from moebench.results.tables import make_console
 @click.option("--edge-cases", is_flag=True, help="Also check M=1, one expert set, empty experts, M=67.")
 @click.option("--threshold", type=float, default=REL_L2_THRESHOLD, show_default=True,
               help="Largest relative L2 error that passes.")
-def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold):
+@max_fixture_gb_option
+def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold,
+           max_fixture_gb):
     """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure.
     With no --arms, every built-in arm that can run here."""
     options = {"triton_config": triton_config, "pdl": pdl}
     names = parse_arm_list(list(arms)) if arms else None
-    specs = registry(shapes_file).resolve_many(list(shapes) or [], balancedness=balancedness)
+    specs = registry(shapes_file, max_fixture_gb).resolve_many(list(shapes) or [], balancedness=balancedness)
     if not threshold > 0:
         raise UserError(f"--threshold must be positive, got {threshold}")
     if interpret:

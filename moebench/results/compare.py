@@ -134,6 +134,9 @@ def compare_results(a: RunResult, b: RunResult, thresholds: Thresholds = Thresho
             sa, sb = ia.summary(shape, arm), ib.summary(shape, arm)
             if sb is None:
                 continue
+            if not (sa.median_ns > 0 and sb.median_ns > 0):
+                raise UserError(f"{arm} at {shape}: a median of {sa.median_ns:g} ns in {a_label} or "
+                                f"{sb.median_ns:g} ns in {b_label} is not a time (is the file damaged?)")
             slowdown = sb.median_ns / sa.median_ns - 1
             spread_a, spread_b = row_spread(sa), row_spread(sb)
             verdict, why = judge(slowdown, max(spread_a, spread_b), thresholds)
@@ -144,6 +147,9 @@ def compare_results(a: RunResult, b: RunResult, thresholds: Thresholds = Thresho
             ra, rb = ia.ratio(shape, arm), ib.ratio(shape, arm)
             if rb is None or ra.ref != rb.ref:
                 continue
+            if not (ra.median > 0 and rb.median > 0):
+                raise UserError(f"{arm} / {ra.ref} at {shape}: a ratio of {ra.median:g} or {rb.median:g} is not "
+                                f"a ratio (is the file damaged?)")
             gain = rb.median / ra.median - 1
             spread_a, spread_b = ratio_spread(ra), ratio_spread(rb)
             # A falling ratio is the arm slowing against the reference.

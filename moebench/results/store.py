@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 from moebench.atomic_write import atomic_write
@@ -15,6 +16,35 @@ from moebench.results.schema import FORMAT, SCHEMA_VERSION, RunResult, from_plai
 
 def dumps(result: RunResult) -> str:
     return json.dumps(to_plain(result), indent=1, allow_nan=False) + "\n"
+
+
+def ensure_writable_dir(folder: str | Path) -> Path:
+    """Make `folder` (and its parents) and prove a file can be written there, or say why not in
+    one line: a run checks this before any GPU work, not after all its timing."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = atomic_write(folder / ".moebench-write-check", b"")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"cannot write results into {str(folder)!r}: {err.strerror or err}") from None
+    return folder
+
+
+def reserve_path(path: str | Path) -> Path:
+    """`path`, or `stem_2.json`, `stem_3.json`, ... if taken: the name is claimed by creating the
+    file exclusively, so two runs saving in the same second never overwrite each other."""
+    path = Path(path)
+    stem, suffix = (path.name[: -len(".json.gz")], ".json.gz") if path.name.endswith(".json.gz") \
+        else (path.stem, path.suffix)
+    for n in range(1, 10_000):
+        candidate = path if n == 1 else path.with_name(f"{stem}_{n}{suffix}")
+        try:
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return candidate
+        except FileExistsError:
+            continue
+    raise UserError(f"no free result name beside {str(path)!r}")
 
 
 def save(result: RunResult, path: str | Path) -> Path:

@@ -1,0 +1,69 @@
+"""A user's mistakes and damaged files end in one clear line, never a traceback or a silently
+wrong answer: shapes files, damaged results given to `compare` and `report --ref`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from result_factory import make_result, run_cli
+
+from moebench.errors import UserError
+from moebench.fixtures import ShapeRegistry
+from moebench.results.store import save
+from moebench.stats import with_ref
+
+
+def _shapes(tmp_path, body: str):
+    path = tmp_path / "shapes.toml"
+    path.write_text(body)
+    return path
+
+
+def test_a_built_in_family_is_redefined_only_when_asked(tmp_path):
+    body = "[families.A]\nK = 256\nE = 8\ntop_k = 2\nN = 256\n"
+    with pytest.raises(UserError, match="redefines the built-in family 'A'.*override = true"):
+        ShapeRegistry().with_shapes_file(_shapes(tmp_path, body))
+    reg = ShapeRegistry().with_shapes_file(_shapes(tmp_path, body + "override = true\n"))
+    assert reg.resolve("A8").K == 256
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1.0", "0.0"])
+def test_routed_scale_must_be_positive_and_finite(tmp_path, value):
+    body = f"[families.X]\nK = 256\nE = 8\ntop_k = 2\nN = 256\nrouted_scale = {value}\n"
+    with pytest.raises(UserError, match="routed_scale must be a positive finite number"):
+        ShapeRegistry().with_shapes_file(_shapes(tmp_path, body))
+
+
+def test_a_shapes_file_family_too_large_to_build_is_refused_at_resolve(tmp_path):
+    body = "[families.X]\nK = 1099511627776\nE = 8\ntop_k = 2\nN = 256\n"
+    reg = ShapeRegistry().with_shapes_file(_shapes(tmp_path, body))
+    with pytest.raises(UserError, match="GB of host memory"):
+        reg.resolve("X1")
+
+
+def test_compare_refuses_a_zero_median_in_one_line(tmp_path):
+    a = make_result(seed=1)
+    damaged = replace(a, summaries=(replace(a.summaries[0], median_ns=0.0), *a.summaries[1:]))
+    pa, pb = save(a, tmp_path / "a.json"), save(damaged, tmp_path / "b.json")
+    code, out, err = run_cli(["compare", str(pa), str(pb)])
+    assert code == 2 and "is not a time" in err and err.strip().count("\n") == 0
+
+
+def test_ratios_against_another_arm_need_no_fixture_records():
+    result = make_result(arms=("triton", "cuda-fused", "cuda-swapab"))
+    bare = replace(result, fixtures=())
+    again = with_ref(bare, "cuda-fused")
+    assert {r.arm for r in again.ratios} == {"triton", "cuda-swapab"}
+    assert all(r.ref == "cuda-fused" for r in again.ratios)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--shape", "T8", "--arms", "triton", "--samples", "100000000"], "--samples and --warmup at most"),
+    (["run", "--shape", "T8", "--arms", "triton", "--rounds", "5000"], "--rounds must be at most"),
+    (["probe", "--mib", "0"], "--mib must be 1 to 65536"),
+    (["probe", "--samples", "0"], "--samples must be 1 to"),
+])
+def test_counts_out_of_range_are_one_line_before_any_gpu_work(argv, needle):
+    code, _, err = run_cli(argv)
+    assert code == 2 and needle in err and err.strip().count("\n") == 0, err
