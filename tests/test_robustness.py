@@ -67,3 +67,31 @@ def test_ratios_against_another_arm_need_no_fixture_records():
 def test_counts_out_of_range_are_one_line_before_any_gpu_work(argv, needle):
     code, _, err = run_cli(argv)
     assert code == 2 and needle in err and err.strip().count("\n") == 0, err
+
+
+def test_build_sources_that_are_not_cuda_files_are_named_as_such(tmp_path):
+    folder, toml, binary = tmp_path / "dir", tmp_path / "x.toml", tmp_path / "bin.cu"
+    folder.mkdir()
+    toml.write_text("[x]\na = 1\n")
+    binary.write_bytes(bytes(range(128, 256)))
+    for path, needle in ((folder, "a folder"), (toml, "expected a .cu or .cuh file"),
+                         (binary, "not a readable text file"), (tmp_path / "none.cu", "no such file")):
+        code, _, err = run_cli(["build", "--source", str(path)])
+        assert code == 2 and needle in err and err.strip().count("\n") == 0, err
+
+
+def test_a_broken_build_shows_its_first_error_and_saves_the_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void k(int* p) { p[0] = undefined_name; }\n')
+    code, _, err = run_cli(["build", "--source", str(bad)])
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "bad.cu" in err and "undefined_name" in err and "full log: " in err
+    log = err.strip().split("full log: ")[1]
+    assert "undefined_name" in open(log).read()
+
+
+def test_a_git_build_outside_a_repository_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["run", "--shape", "T8", "--build", "a=git:HEAD"])
+    assert code == 2 and "is not inside a git repository" in err

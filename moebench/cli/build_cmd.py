@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import click
 from rich.table import Table
 
@@ -25,14 +27,33 @@ def _modules(arm_names, sources, defines):
                 raise UserError(f"arm {name!r} has no CUDA build")
             yield name, arm.build()
         return
+    for src in sources:
+        _check_source(src, cuda_build.KERNELS_DIR)
     paths = list(sources) or sorted(p.name for p in cuda_build.KERNELS_DIR.glob("*.cu"))
     for src in paths:
         try:
-            yield src, cuda_build.compile_source(src, defines=defines)
+            yield src, cuda_build.compile_source(Path(src), defines=defines)
         except FileNotFoundError as err:
             raise UserError(str(err)) from None
         except cuda_build.CudaBuildError as err:
-            raise UserError(str(err).splitlines()[0] + " (run with the source's log: see above)") from err
+            raise UserError(err.one_line()) from None
+
+
+def _check_source(src: str, kernels_dir: Path) -> None:
+    """A --source is a readable .cu or .cuh text file (or the name of one of moebench's)."""
+    path = Path(src)
+    if not path.exists() and (kernels_dir / path).is_file():
+        path = kernels_dir / path
+    if path.is_dir():
+        raise UserError(f"--source {src}: a folder, not a CUDA source file")
+    if not path.is_file():
+        raise UserError(f"--source {src}: no such file")
+    if path.suffix not in (".cu", ".cuh"):
+        raise UserError(f"--source {src}: expected a .cu or .cuh file")
+    try:
+        path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as err:
+        raise UserError(f"--source {src}: not a readable text file ({type(err).__name__})") from None
 
 
 @cli.command()

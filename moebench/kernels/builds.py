@@ -248,6 +248,10 @@ def resolve_builds(spec_texts: Sequence[str], define_texts: Sequence[str] = (), 
     for s in specs:  # a missing file is the first thing to say
         if s.revision is None and not (Path(s.path) if Path(s.path).is_absolute() else cwd / s.path).is_file():
             raise UserError(f"--build {s.text}: no such file {s.path}")
+    git_builds = [s for s in specs if s.revision is not None]
+    if git_builds and repo_root(cwd) is None:
+        raise UserError(f"--build {git_builds[0].text}: {cwd} is not inside a git repository (a git: build reads "
+                        f"the file at a revision of the repository you are in)")
     sources = source_arms()
     arm = _family(specs, build_arm, sources)
     default_path = next((s.path for s in specs if s.path is not None), None)

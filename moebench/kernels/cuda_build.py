@@ -87,6 +87,21 @@ class CudaBuild:
 class CudaBuildError(RuntimeError):
     """NVRTC rejected a source: the message carries its log."""
 
+    def one_line(self) -> str:
+        """The first error of the log and where the whole log was saved, on one line."""
+        text = str(self)
+        head, _, log = text.partition("\n")
+        errors = [ln.strip() for ln in log.splitlines() if " error" in ln or ln.strip().startswith("error")]
+        path = cache_dir() / "logs" / f"nvrtc-{hashlib.sha256(text.encode()).hexdigest()[:16]}.log"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            where = f"full log: {path}"
+        except OSError:
+            where = "the log could not be saved"
+        first = f": {errors[0]}" + (f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else "") if errors else ""
+        return f"{head.split(': ', 1)[0]}{first}; {where}"
+
 
 # ---------------------------------------------------------------------------- environment
 
