@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the H200 (the device tool): install the carried wheels, then run the named
+# One command on a GPU machine reached over a copy of this tree: install the carried wheels, then run the named
 # stages in order. Each stage's log goes under logs/, results under results/ of a work
 # folder, bundled into $OUT/bundle.tgz after every stage (the tool returns few files, and
 # a stage cut off by the time limit still leaves the earlier ones).
@@ -9,7 +9,7 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MOEBENCH_CACHE=/tmp/moebench-cache
-# The device tool carries no .git: a bare copy carried as .gitcopy serves `--build NAME=git:REV`.
+# A copied tree may carry no .git: a bare copy carried as .gitcopy serves `--build NAME=git:REV`.
 [ -d .gitcopy ] && export GIT_DIR=$PWD/.gitcopy GIT_WORK_TREE=$PWD
 W=/tmp/h200-work
 mkdir -p "$W/logs" "$W/results"
