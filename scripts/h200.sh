@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command on a GPU machine reached over a copy of this tree: install the carried wheels, then run the named
 # stages in order. Each stage's log goes under logs/, results under results/ of a work
-# folder, bundled into $OUT/bundle.tgz after every stage (the tool returns few files, and
+# folder, bundled into $OUT/bundle.tgz after every stage (few files come back from such a machine, and
 # a stage cut off by the time limit still leaves the earlier ones).
 #   usage: bash scripts/h200.sh STAGE [STAGE ...]
 # Carry .whl (../shared/fetch-wheels) and, for the `builds` stage, .gitcopy: make it here
