@@ -94,4 +94,4 @@ def test_a_broken_build_shows_its_first_error_and_saves_the_log(tmp_path, monkey
 def test_a_git_build_outside_a_repository_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(["run", "--shape", "T8", "--build", "a=git:HEAD"])
-    assert code == 2 and "is not inside a git repository" in err
+    assert code == 2 and "is not in a git repository" in err

@@ -250,7 +250,7 @@ def resolve_builds(spec_texts: Sequence[str], define_texts: Sequence[str] = (), 
             raise UserError(f"--build {s.text}: no such file {s.path}")
     git_builds = [s for s in specs if s.revision is not None]
     if git_builds and repo_root(cwd) is None:
-        raise UserError(f"--build {git_builds[0].text}: {cwd} is not inside a git repository (a git: build reads "
+        raise UserError(f"--build {git_builds[0].text}: {cwd} is not in a git repository (a git: build reads "
                         f"the file at a revision of the repository you are in)")
     sources = source_arms()
     arm = _family(specs, build_arm, sources)
