@@ -47,7 +47,39 @@ def test_compare_refuses_a_zero_median_in_one_line(tmp_path):
     damaged = replace(a, summaries=(replace(a.summaries[0], median_ns=0.0), *a.summaries[1:]))
     pa, pb = save(a, tmp_path / "a.json"), save(damaged, tmp_path / "b.json")
     code, out, err = run_cli(["compare", str(pa), str(pb)])
-    assert code == 2 and "is not a time" in err and err.strip().count("\n") == 0
+    assert code == 2 and "disagrees with its own samples" in err and err.strip().count("\n") == 0
+    code, out, err = run_cli(["compare", str(pa), str(pb), "--trust-stored"])
+    assert code == 2 and "warning" in err and "is not a time" in err
+
+
+def _mutations():
+    r = make_result(arms=("triton", "cuda-fused"), rounds=3, samples=4)
+    s0 = r.samples[0]
+    k0 = s0.kernels[0]
+    yield "no samples", replace(r, samples=()), "samples_total"
+    yield "unknown arm", replace(r, samples=(replace(s0, arm="nosuch"), *r.samples[1:])), "not in the settings"
+    yield "round 99", replace(r, samples=(replace(s0, round=99), *r.samples[1:])), "round or index outside"
+    yield "negative duration", replace(r, samples=(replace(s0, kernels=(replace(k0, end_ns=k0.start_ns - 5),
+                                                                          *s0.kernels[1:])), *r.samples[1:])), \
+        "declared kernels"
+    yield "rounds 0", replace(r, settings=replace(r.settings, rounds=0)), "rounds 0"
+    yield "ref nosuch", replace(r, settings=replace(r.settings, ref="nosuch")), "settings.ref"
+    f0 = r.fixtures[0]
+    yield "zero floor", replace(r, fixtures=(replace(f0, floors=replace(f0.floors, hbm_bytes=0)), *r.fixtures[1:])), \
+        "must be positive"
+    yield "edited median", replace(r, summaries=(replace(r.summaries[0], median_ns=r.summaries[0].median_ns * 0.9),
+                                                 *r.summaries[1:])), "median_ns"
+    yield "edited ratio", replace(r, ratios=(replace(r.ratios[0], median=2.0), *r.ratios[1:])), "ratios["
+
+
+@pytest.mark.parametrize("label, mutated, needle", list(_mutations()), ids=[m[0] for m in _mutations()])
+def test_a_result_that_disagrees_with_its_samples_is_refused_naming_the_field(tmp_path, label, mutated, needle):
+    path = save(mutated, tmp_path / "r.json")
+    code, out, err = run_cli(["report", str(path)])
+    assert code == 2 and "disagrees with its own samples" in err and needle in err, err
+    assert err.strip().count("\n") == 0
+    code, out, err = run_cli(["report", str(path), "--trust-stored", "--format", "summary"])
+    assert "warning" in err and needle in err
 
 
 def test_ratios_against_another_arm_need_no_fixture_records():

@@ -19,6 +19,24 @@ max_fixture_gb_option = click.option(
     help="Refuse shapes whose fixture takes more host memory than this to build.")
 
 
+trust_stored_option = click.option(
+    "--trust-stored", is_flag=True,
+    help="Read a result whose stored summaries or audit disagree with its samples (with a warning).")
+
+
+def load_result(path: str, trust_stored: bool):
+    """A saved result; with `trust_stored`, one warning line per file that disagrees with itself."""
+    from moebench.results.store import load
+    from moebench.results.validate import problems
+    result = load(path, trust_stored=trust_stored)
+    if trust_stored:
+        found = problems(result)
+        if found:
+            click.echo(f"moebench: warning: {path}: disagrees with its own samples ({len(found)} problem(s), "
+                       f"first: {found[0]}); read as stored", err=True)
+    return result
+
+
 def registry(shapes_file: str | None, max_fixture_gb: float = 16.0) -> ShapeRegistry:
     reg = ShapeRegistry(max_fixture_gb=max_fixture_gb)
     return reg.with_shapes_file(shapes_file) if shapes_file else reg

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from moebench.cli import cli
+from moebench.cli.common import load_result, trust_stored_option
 from moebench.results.compare import Thresholds, compare_results
 from moebench.results.compare_view import COMPARE_FORMATS
-from moebench.results.store import load
 
 
 class Fraction(click.ParamType):
@@ -42,9 +42,10 @@ class Fraction(click.ParamType):
               help="Round-to-round spread above which a change inside it is 'noisy' [default: the threshold].")
 @click.option("--fail-on-regression", is_flag=True, help="Exit 1 if any arm got slower.")
 @click.option("--format", "fmt", type=click.Choice(list(COMPARE_FORMATS)), default="table", show_default=True)
-def compare(a_path, b_path, threshold, max_spread, fail_on_regression, fmt):
+@trust_stored_option
+def compare(a_path, b_path, threshold, max_spread, fail_on_regression, fmt, trust_stored):
     """Compare run B against run A, per shape and arm, with a verdict and its reason."""
-    a, b = load(a_path), load(b_path)
+    a, b = load_result(a_path, trust_stored), load_result(b_path, trust_stored)
     a_label, b_label = Path(a_path).name, Path(b_path).name
     if a_label == b_label:
         a_label, b_label = a_path, b_path

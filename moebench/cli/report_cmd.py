@@ -11,9 +11,9 @@ import click
 
 from moebench.atomic_write import atomic_write
 from moebench.cli import cli
+from moebench.cli.common import load_result, trust_stored_option
 from moebench.errors import UserError
 from moebench.results.formats import FORMATS
-from moebench.results.store import load
 
 
 @cli.command()
@@ -29,7 +29,8 @@ from moebench.results.store import load
 @click.option("--ref", "ref", default=None, metavar="ARM",
               help="Take the ratios against this arm of the run instead of the run's reference "
                    "(recomputed from the samples: every arm ran in the same paired rounds).")
-def report(result_path, fmt, plot_dir, output, prefix, ref):
+@trust_stored_option
+def report(result_path, fmt, plot_dir, output, prefix, ref, trust_stored):
     """Print a saved run as a table, Markdown (for a pull request), CSV or JSON; plot it."""
     from moebench.results.index import ResultIndex
     from moebench.results.markdown import Image
@@ -37,7 +38,7 @@ def report(result_path, fmt, plot_dir, output, prefix, ref):
 
     if prefix and (any(sep in prefix for sep in ("/", "\\")) or ".." in prefix):
         raise UserError(f"--prefix {prefix!r}: a prefix of file names, without a folder or '..'")
-    result = load(result_path)
+    result = load_result(result_path, trust_stored)
     if ref is not None:
         result = with_ref(result, ref)
     images = []

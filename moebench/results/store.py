@@ -74,7 +74,10 @@ def loads(text: str, source: str = "<string>") -> RunResult:
         raise UserError(f"{source}: malformed RunResult: {err}") from None
 
 
-def load(path: str | Path) -> RunResult:
+def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
+    """A saved RunResult, checked against its own samples (moebench.results.validate): a file
+    whose summaries, ratios or audit do not follow from its samples is refused in one line,
+    unless `trust_stored` (the caller then reports `validate.problems` itself)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -85,4 +88,11 @@ def load(path: str | Path) -> RunResult:
         raise UserError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, EOFError) as err:  # a folder, no permission, bad gzip, truncated
         raise UserError(f"{path}: cannot read: {err}") from None
-    return loads(text, str(path))
+    result = loads(text, str(path))
+    if not trust_stored:
+        from moebench.results.validate import problems
+        found = problems(result)
+        if found:
+            more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+            raise UserError(f"{path}: disagrees with its own samples: {found[0]}{more}; --trust-stored reads it anyway")
+    return result

@@ -1,0 +1,90 @@
+"""A RunResult checked against itself: what a file says of its samples must follow from them.
+
+A file can be edited, truncated by hand or written by a bug; a report that trusted its stored
+summaries would print whatever it holds. So on load every summary and ratio is recomputed
+from the samples by the same named functions the run used, the samples are checked against
+the settings (shapes, arms, rounds, indices) and against the kernels their arm declares, and
+the audit's counts against the samples. Each problem names the field.
+"""
+
+from __future__ import annotations
+
+import math
+
+from moebench.results.schema import RunResult
+from moebench.stats import summarize
+from moebench.timing.audit import kernel_mismatch
+
+REL_TOL = 1e-4  # below what any view prints: ratios to 0.001, times to 0.01 µs
+
+
+def problems(result: RunResult, limit: int = 20) -> list[str]:
+    """What in `result` does not follow from its samples (empty when consistent)."""
+    out: list[str] = []
+    s = result.settings
+    if s.rounds < 1 or s.samples < 1:
+        out.append(f"settings: rounds {s.rounds} and samples {s.samples} must be at least 1")
+    if not s.shapes or not s.arms:
+        out.append("settings: no shapes or no arms")
+    if s.ref not in s.arms:
+        out.append(f"settings.ref {s.ref!r} is not one of the arms")
+    for f in result.fixtures:
+        if f.floors.hbm_bytes <= 0 or f.floors.flops <= 0:
+            out.append(f"fixtures[{f.name}].floors: HBM bytes and FLOPs must be positive")
+    shapes, arms = set(s.shapes), set(s.arms)
+    declared = {(a.shape, a.name): a.kernels for a in result.arms}
+    failing = 0
+    for i, x in enumerate(result.samples):
+        where = f"samples[{i}] ({x.shape} {x.arm} round {x.round})"
+        if x.shape not in shapes or x.arm not in arms:
+            out.append(f"{where}: shape or arm not in the settings")
+        if not 1 <= x.round <= s.rounds or not 0 <= x.index < s.samples:
+            out.append(f"{where}: round or index outside the settings ({s.rounds} rounds x {s.samples} samples)")
+        if x.events_ns is not None:
+            bad = x.events_ns <= 0
+        else:
+            decl = declared.get((x.shape, x.arm))
+            bad = (decl is None or kernel_mismatch([k.name for k in x.kernels], decl) is not None
+                   or any(k.end_ns <= k.start_ns for k in x.kernels))
+        failing += bad
+        if len(out) >= limit:
+            return out
+    a = result.audit
+    if a.samples_total != len(result.samples):
+        out.append(f"audit.samples_total {a.samples_total} != {len(result.samples)} samples")
+    if a.samples_passed > len(result.samples) - failing:
+        out.append(f"audit.samples_passed {a.samples_passed}, but {failing} samples do not hold their declared "
+                   f"kernels with positive durations")
+    if result.samples and result.summaries:
+        out += _statistics(result)
+    elif result.samples and not result.summaries:
+        out.append("summaries: none, for a run with samples")
+    return out[:limit]
+
+
+def _statistics(result: RunResult) -> list[str]:
+    s = result.settings
+    hbm = {f.name: f.floors.hbm_bytes for f in result.fixtures}
+    bw = result.provenance.gpu.read_bandwidth_bytes_per_s if result.provenance.gpu else None
+    try:
+        summaries, ratios = summarize(result.samples, s.shapes, s.arms, s.ref, hbm, bw)
+    except (ValueError, ZeroDivisionError) as err:
+        return [f"summaries: cannot be recomputed from the samples ({err})"]
+    out = []
+    stored = {(x.shape, x.arm): x for x in result.summaries}
+    for x in summaries:
+        y = stored.get((x.shape, x.arm))
+        if y is None:
+            out.append(f"summaries: {x.arm} at {x.shape} is missing")
+        elif not math.isclose(x.median_ns, y.median_ns, rel_tol=REL_TOL):
+            out.append(f"summaries[{x.shape} {x.arm}].median_ns {y.median_ns:g}, the samples give {x.median_ns:g}")
+    if len(stored) != len(summaries):
+        out.append(f"summaries: {len(stored)} stored, the samples give {len(summaries)}")
+    stored_r = {(r.shape, r.ref, r.arm): r for r in result.ratios}
+    for r in ratios:
+        y = stored_r.get((r.shape, r.ref, r.arm))
+        if y is None:
+            out.append(f"ratios: {r.arm} / {r.ref} at {r.shape} is missing")
+        elif not math.isclose(r.median, y.median, rel_tol=REL_TOL):
+            out.append(f"ratios[{r.shape} {r.arm}].median {y.median:g}, the samples give {r.median:g}")
+    return out
