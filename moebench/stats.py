@@ -176,6 +176,11 @@ class RefereeCheck:
         return all(abs(r - 1.0) <= self.tolerance for r in (self.call_ratio, *gemms))
 
 
+def referee_labels(checks) -> list[str]:
+    """The kernels the checks compare, GEMMs first: the columns of a referee table."""
+    return sorted({lab for c in checks for lab in c.kernel_ratios}, key=lambda x: (not x.startswith("gemm"), x))
+
+
 def referee_checks(result, tolerance: float = REFEREE_TOLERANCE) -> tuple[RefereeCheck, ...]:
     """Each stock arm of the run against its referee, where both ran at a shape."""
     by_unit: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)

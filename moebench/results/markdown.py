@@ -115,11 +115,11 @@ def _summary_table(ix: ResultIndex) -> str:
 
 def referee_markdown(result: RunResult) -> str:
     """The stock arm against its referee, where the run has both (moebench.stats.referee_checks)."""
-    from moebench.stats import referee_checks
+    from moebench.stats import referee_checks, referee_labels
     checks = referee_checks(result)
     if not checks:
         return ""
-    labels = sorted({lab for c in checks for lab in c.kernel_ratios}, key=lambda x: (not x.startswith("gemm"), x))
+    labels = referee_labels(checks)
     rows = [[c.shape, f"`{c.arm}`", f"`{c.referee}`", f"{c.call_ratio:.3f}",
              *(f"{c.kernel_ratios[lab]:.3f}" if lab in c.kernel_ratios else "—" for lab in labels),
              "within" if c.passed else "**outside**"] for c in checks]

@@ -12,6 +12,7 @@ from pathlib import Path
 from moebench.atomic_write import atomic_write
 from moebench.errors import UserError
 from moebench.results.schema import FORMAT, SCHEMA_VERSION, RunResult, from_plain, to_plain
+from moebench.results.validate import problems
 
 
 def dumps(result: RunResult) -> str:
@@ -90,7 +91,6 @@ def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
         raise UserError(f"{path}: cannot read: {err}") from None
     result = loads(text, str(path))
     if not trust_stored:
-        from moebench.results.validate import problems
         found = problems(result)
         if found:
             more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""

@@ -118,7 +118,8 @@ def referee_table(checks) -> Table | None:
     """The stock arm against its referee (RefereeCheck records, from moebench.stats)."""
     if not checks:
         return None
-    labels = sorted({lab for c in checks for lab in c.kernel_ratios}, key=lambda x: (not x.startswith("gemm"), x))
+    from moebench.stats import referee_labels
+    labels = referee_labels(checks)
     t = Table(title=f"stock arm vs its referee: time ratio arm / referee (within ±{checks[0].tolerance:.0%} passes)",
               title_justify="left")
     for col in ("shape", "arm", "referee", "call"):
