@@ -104,12 +104,13 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
     """Time the workload like an arm: one round, `samples` cold samples, audited. Timer
     `none` only launches it."""
     from moebench.measure import MAX_SAMPLES, TimingProtocol, check_protocol, cuda_backend, measure
+    from moebench.timing.timers import CUDA_TIMERS
 
     protocol = TimingProtocol(rounds=1, samples=samples, warmup=warmup, flush=flush, timer=timer,
                               measure_bandwidth=False)
     if not (1 <= samples <= MAX_SAMPLES and 0 <= warmup <= MAX_SAMPLES):
         raise UserError(f"--samples must be 1 to {MAX_SAMPLES:,}, --warmup 0 to {MAX_SAMPLES:,}")
-    check_protocol(protocol, timers=("cupti", "events", "none"))
+    check_protocol(protocol, timers=tuple(CUDA_TIMERS))
     if not 1 <= mib <= 65536:
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
     backend = backend if backend is not None else cuda_backend(protocol)

@@ -16,7 +16,6 @@ A unit that declares no kernels is audited against the kernel set most of its sa
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from moebench.timing.audit import audited
 from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Unit, run_rounds
 from moebench.timing.flush import FLUSH_MODES, L2Flush
 from moebench.timing.metrics import TimedMetric
-from moebench.timing.timers import CUDA_TIMERS, TimerStrategy
+from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER, RUN_TIMERS, TimerStrategy
 
 PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run's
 PROBE_SAMPLES = 20
@@ -46,11 +45,11 @@ class TimingProtocol:
     samples: int = 30  # per unit per round
     warmup: int = 5  # per unit per round, untimed
     flush: str = "read"
-    timer: str = "cupti"
+    timer: str = DEFAULT_TIMER
     measure_bandwidth: bool = True
 
 
-def check_protocol(p: TimingProtocol, timers: Sequence[str] = ("cupti", "events")) -> None:
+def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> None:
     """User mistakes in a protocol, as UserError."""
     if p.rounds < 1 or p.samples < 1 or p.warmup < 0:
         raise UserError("--rounds and --samples must be at least 1, --warmup at least 0")
@@ -86,12 +85,7 @@ def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
     from moebench.timing.clocks import ClockSampler
     from moebench.timing.engine import nvtx_markers_or_none
 
-    if protocol.timer == "cupti":
-        # MOEBENCH_CUPTI_API_FILTER=0 keeps every API record (slower; a fallback if the
-        # launch-only filter ever hides launches on some CUPTI version)
-        timer = CUDA_TIMERS["cupti"](filter_api=os.environ.get("MOEBENCH_CUPTI_API_FILTER", "1") != "0")
-    else:
-        timer = CUDA_TIMERS[protocol.timer]()  # fails fast, before fixtures and compiles
+    timer = CUDA_TIMERS[protocol.timer]()  # chosen once; fails fast, before fixtures and compiles
     device = torch.device("cuda", torch.cuda.current_device())
     clock = ClockSampler(uuid=str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or ""),
                          index=device.index)

@@ -25,6 +25,7 @@ from moebench.kernels.arm import ArmFactory, default_arms, load_builtin_arms
 from moebench.kernels.builds import build_arm_factories, resolve_builds
 from moebench.kernels.external import external_arm_factories
 from moebench.measure import TimingProtocol, check_protocol
+from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 from moebench.variants import parse_variant, variant_factory
 
 
@@ -37,7 +38,7 @@ class RunRequest:
     samples: int = 30
     warmup: int = 5
     flush: str = "read"
-    timer: str = "cupti"
+    timer: str = DEFAULT_TIMER
     out_dir: str = "results"
     balancedness: float = 0.8
     shapes_file: str | None = None
@@ -93,7 +94,7 @@ def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
     return replace(req, arms=tuple(names), ref=ref), ArmPlan(factories, build_arms, base)
 
 
-def validate(req: RunRequest, timers: tuple[str, ...] = ("cupti", "events")) -> None:
+def validate(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
     """User mistakes in the request, as UserError (before any GPU work)."""
     if not req.arms:
         raise UserError("no arm given: name them with --arms (or add --build / --variant / --arm)")

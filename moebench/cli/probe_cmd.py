@@ -9,6 +9,7 @@ import click
 from moebench.cli import cli
 from moebench.fidelity import OPS, compare_with_ncu, run_probe
 from moebench.timing.flush import FLUSH_MODES
+from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
 
 @cli.command("probe")
@@ -18,7 +19,7 @@ from moebench.timing.flush import FLUSH_MODES
 @click.option("--samples", type=int, default=100, show_default=True)
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True)
-@click.option("--timer", type=click.Choice(["cupti", "events", "none"]), default="cupti", show_default=True,
+@click.option("--timer", type=click.Choice(list(CUDA_TIMERS)), default=DEFAULT_TIMER, show_default=True,
               help="none: only launch (for ncu/nsys to measure).")
 @click.option("--ncu-csv", type=click.Path(dir_okay=False, exists=True), default=None,
               help="ncu --csv output of the same workload: print its median and the difference.")

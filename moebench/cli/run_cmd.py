@@ -28,6 +28,7 @@ from moebench.kernels.arm import parse_arm_list
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunRequest, run
 from moebench.timing.flush import FLUSH_MODES
+from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
 
@@ -70,7 +71,7 @@ def _progress(console: Console, total: int):
 @click.option("--warmup", type=int, default=5, show_default=True, help="Per arm per round, untimed.")
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True,
               help="L2 flush before each sample: read (cold, clean), write (cold, dirty), none.")
-@click.option("--timer", type=click.Choice(["cupti", "events"]), default="cupti", show_default=True,
+@click.option("--timer", type=click.Choice(RUN_TIMERS), default=DEFAULT_TIMER, show_default=True,
               help="CUPTI kernel records, or CUDA events (labelled so in the result).")
 @triton_config_option
 @pdl_option

@@ -17,6 +17,7 @@ takes a factory for one, so tests drive the same strategies with a fake recorder
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -127,10 +128,14 @@ class Untimed:
         return {}
 
 
-def cupti_timer(filter_api: bool = True) -> KernelRecordTimer:
-    """CUPTI kernel records on this process's CUDA device (fails fast when CUPTI cannot load)."""
+def cupti_timer(filter_api: bool | None = None) -> KernelRecordTimer:
+    """CUPTI kernel records on this process's CUDA device (fails fast when CUPTI cannot load).
+    MOEBENCH_CUPTI_API_FILTER=0 keeps every API record (slower; a fallback if the launch-only
+    filter ever hides launches on some CUPTI version)."""
     from moebench.timing.cupti_tracer import CuptiTracer, load_cupti
     load_cupti()
+    if filter_api is None:
+        filter_api = os.environ.get("MOEBENCH_CUPTI_API_FILTER", "1") != "0"
     return KernelRecordTimer(lambda capacity: CuptiTracer(filter_api=filter_api))
 
 
@@ -141,3 +146,5 @@ def events_timer() -> EventTimer:
 
 # name -> the strategy on this machine's CUDA device, made when chosen
 CUDA_TIMERS: dict[str, Callable[[], TimerStrategy]] = {"cupti": cupti_timer, "events": events_timer, "none": Untimed}
+DEFAULT_TIMER = "cupti"
+RUN_TIMERS = ("cupti", "events")  # what a timed run may choose; "none" only launches (probe, profile)
