@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from moebench.measure import MAX_SAMPLES, TimingBackend, cuda_backend, measure
 from moebench.errors import UserError
+from moebench.measure import MAX_SAMPLES, TimingBackend, cuda_backend, measure
 from moebench.plan import RunRequest, plan_arms, resolve_specs, validate
 from moebench.prepare import prepare
 from moebench.results.schema import ParityInfo
+from moebench.timing.timers import Untimed
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def profile_arm(req: RunRequest, calls: int = 4, backend: TimingBackend | None =
         raise UserError(f"profile: give exactly one arm (got {', '.join(req.arms) or 'none'})")
     validate(req, timers=("none",))
     resolve_specs(req)
-    backend = backend if backend is not None else cuda_backend(req.protocol)
+    backend = replace(backend, timer=Untimed()) if backend is not None else cuda_backend(req.protocol)
     prep = prepare(req, plan, backend.device, log)
     measure(prep.units, req.protocol, backend)
     (info,) = prep.subjects.arm_infos
