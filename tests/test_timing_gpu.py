@@ -94,3 +94,19 @@ def test_probe_single_kernel(timer):
     assert res.audit.passed and res.median_ns > 0
     if timer == "cupti":
         assert len(res.kernel_names) == 1 and "_add" in res.kernel_names[0]
+
+
+def test_variant_and_profile_on_the_gpu(tmp_path):
+    """A variant of the stock arm (PDL off) timed beside it in one paired run, and the stock arm
+    run untimed for a profiler, on the real backend."""
+    from moebench.plan import RunRequest
+    from moebench.profile import profile_arm
+    from moebench.runner import run
+    req = RunRequest(shapes=("T8",), arms=("triton",), variants=("nopdl=triton:pdl=false",), rounds=2, samples=5,
+                     warmup=1, out_dir=str(tmp_path), measure_bandwidth=False)
+    result, _ = run(req)
+    assert result.settings.arms == ("triton", "nopdl") and result.audit.passed
+    assert {a.name: a.identity.get("variant") for a in result.arms}["nopdl"] == {"of": "triton",
+                                                                               "settings": {"pdl": False}}
+    p = profile_arm(RunRequest(shapes=("T8",), arms=("triton",)), calls=3)
+    assert p.parity[0].passed and p.calls == 3 and p.kernels
