@@ -6,16 +6,14 @@
     print(result.ratios[0].median)   # theirs-row / mine-row, median over rounds (> 1: mine faster)
 
 The same paired, interleaved rounds, L2 flush, CUPTI kernel records and audit as
-`moebench run`, through the runner's own functions (validate, time_units, assemble): the
-callables stand in for prepared arms. There is no fixture and no oracle here; check your
-outputs yourself before timing.
+`moebench run`: the callables are the units of one measurement (moebench.measure). There
+is no fixture and no oracle here; check your outputs yourself before timing.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -40,13 +38,17 @@ def bench(callables: Mapping[str, Callable[[], None]], *,
     reset: per name, an untimed call before every sample (e.g. zero an accumulating output).
     ref: the name ratios are taken against (default: the first). label: the "shape" column.
     hbm_bytes: bytes one call must move, for the bandwidth columns (0: not known).
-    backend: a runner.TimingBackend (tests pass a fake one); default the current CUDA device.
+    backend: a moebench.measure.TimingBackend (tests pass a fake one); default the current CUDA device.
     """
+    from moebench.assemble import assemble, result_filename
     from moebench.kernels.arm import as_kernel_decls
+    from moebench.measure import TimingProtocol, check_protocol, cuda_backend, measure
+    from moebench.prepare import Subjects
     from moebench.results.provenance import utc_now
-    from moebench.runner import Prepared, RunRequest, assemble, cuda_backend, time_units, validate
     from moebench.timing.engine import Unit
     names = tuple(callables)
+    if not names:
+        raise UserError("bench: no callables given")
     for name, fn in callables.items():
         if not isinstance(name, str) or not name or not callable(fn):
             raise UserError(f"bench: {name!r} must be a non-empty name mapped to a callable")
@@ -55,39 +57,27 @@ def bench(callables: Mapping[str, Callable[[], None]], *,
         raise UserError(f"bench: kernels/reset name callables not given: {', '.join(unknown)}")
     if not label or not re.fullmatch(r"[\w.@+-]+", label):
         raise UserError(f"bench: label {label!r} must be a word (letters, digits, _ . @ + -)")
-    req = RunRequest(shapes=(label,), arms=names, ref=ref, rounds=rounds, samples=samples, warmup=warmup,
-                     flush=flush, timer=timer, out_dir=out_dir or "", command=("python", *sys.argv),
-                     measure_bandwidth=measure_bandwidth)
-    validate(req)
-    declared = {name: as_kernel_decls(k, f"bench: kernels of {name!r}")
+    if ref is not None and ref not in names:
+        raise UserError(f"--ref {ref!r} is not one of the arms ({', '.join(names)})")
+    protocol = TimingProtocol(rounds, samples, warmup, flush, timer, measure_bandwidth)
+    check_protocol(protocol)
+    declared = {name: tuple(S.DeclaredKernel(d.label, d.pattern, d.count)
+                            for d in as_kernel_decls(k, f"bench: kernels of {name!r}"))
                 for name, k in (kernels or {}).items() if k is not None}
     started_at = utc_now()
-    backend = backend if backend is not None else cuda_backend(req)
-    units = [Unit(label, name, callables[name], (reset or {}).get(name)) for name in names]
-    prep = Prepared(fixtures=[], arms=[], parity=[], units=units, declared={}, hbm_bytes={label: hbm_bytes})
-    out, bandwidth, options = time_units(req, backend, units)
+    backend = backend if backend is not None else cuda_backend(protocol)
+    units = [Unit(label, name, callables[name], (reset or {}).get(name), declared.get(name)) for name in names]
+    m = measure(units, protocol, backend)
+    infos = []
     for name in names:
-        decl = declared.get(name) or inferred_kernels([s for s in out.samples if s.arm == name])
-        kept = tuple(S.DeclaredKernel(d.label, d.pattern, d.count) for d in decl)
-        prep.declared[(label, name)] = kept
         identity = {"callable": getattr(callables[name], "__qualname__", repr(callables[name]))}
-        if name not in declared:
+        if (label, name) in m.inferred:
             identity["kernels"] = INFERRED
-        prep.arms.append(S.ArmInfo(name, "callable timed by moebench.bench", label, kept, identity))
-    result = assemble(req, backend, prep, out, bandwidth, options, started_at)
+        infos.append(S.ArmInfo(name, "callable timed by moebench.bench", label, m.declared[(label, name)], identity))
+    subjects = Subjects(shapes=(label,), arms=names, ref=ref or names[0], hbm_bytes={label: hbm_bytes},
+                        arm_infos=tuple(infos))
+    result = assemble(m, subjects, gpu=backend.gpu, command=("python", *sys.argv), started_at=started_at)
     if out_dir:
         from moebench.results.store import save
-        from moebench.runner import result_filename
         save(result, Path(out_dir) / result_filename(result))
     return result
-
-
-def inferred_kernels(samples: Sequence[S.Sample]) -> tuple:
-    """The kernel set most samples hold, as exact-name declarations. A callable that launched
-    nothing gets a declaration no sample meets, so the audit says so instead of passing."""
-    from moebench.kernels.arm import KernelDecl
-    sets = Counter(tuple(sorted(k.name for k in s.kernels)) for s in samples)
-    common = sets.most_common(1)[0][0] if sets else ()
-    if not common:
-        return (KernelDecl("a kernel", r".", 1),)
-    return tuple(KernelDecl(name, f"^{re.escape(name)}$", n) for name, n in sorted(Counter(common).items()))

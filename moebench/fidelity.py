@@ -2,6 +2,7 @@
 of ncu's CSV. `moebench probe` times the workload exactly as `moebench run` times an arm;
 under ncu, `--timer none` just launches it.
 
+It is one more front end of the measurement core (moebench.measure): one unit, one round.
 The workload is one torch elementwise kernel (`add`: c = a + b, fp32; `mul`: c = 2a), a
 pure streaming kernel whose cold time is what the L2 flush and the timer decide.
 """
@@ -43,7 +44,8 @@ def probe_unit(op: str, mib: int, device: torch.device) -> tuple[Unit, DeclaredK
         run = lambda: torch.add(a, b, out=c)  # noqa: E731
     else:
         run = lambda: torch.mul(a, 2.0, out=c)  # noqa: E731
-    return Unit("_probe", op, run), DeclaredKernel(op, pattern, 1), (reads + writes) * n * 4
+    decl = DeclaredKernel(op, pattern, 1)
+    return Unit("_probe", op, run, kernels=(decl,)), decl, (reads + writes) * n * 4
 
 
 @dataclass(frozen=True)
@@ -53,15 +55,21 @@ class ProbeResult:
     samples: tuple[Sample, ...]
     audit: Audit
     timer: str
+    audited: tuple[Sample, ...] = ()  # the samples the audit passed
+
+    @property
+    def timed(self) -> bool:
+        """False when the timer only launched the workload (for an outside profiler)."""
+        return bool(self.samples)
 
     @property
     def values_ns(self) -> list[int]:
-        return [s.value_ns for s in self.samples]
+        return [s.value_ns for s in self.audited]
 
     @property
     def median_ns(self) -> float | None:
         vals = self.values_ns
-        return float(median(vals)) if vals and self.timer != "none" else None
+        return float(median(vals)) if vals else None
 
     @property
     def kernel_names(self) -> list[str]:
@@ -93,31 +101,35 @@ def parse_ncu_csv(text: str, metric: str = "gpu__time_duration.sum", kernel_rege
 
 def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int = 10, flush: str = "read",
               timer: str = "cupti", backend=None) -> ProbeResult:
-    """Time the workload like an arm: one round, `samples` cold samples, audited."""
-    from moebench.runner import MAX_SAMPLES, RunRequest, cuda_backend
-    from moebench.timing.audit import audit_samples
-    from moebench.timing.engine import EngineConfig, run_rounds
-    from moebench.timing.events_timer import NullTimer
+    """Time the workload like an arm: one round, `samples` cold samples, audited. Timer
+    `none` only launches it."""
+    from moebench.measure import MAX_SAMPLES, TimingProtocol, check_protocol, cuda_backend, measure
+    from moebench.timing.timers import CUDA_TIMERS
 
-    if timer not in ("cupti", "events", "none"):
-        raise UserError(f"unknown --timer {timer!r} (known: cupti, events, none)")
+    protocol = TimingProtocol(rounds=1, samples=samples, warmup=warmup, flush=flush, timer=timer,
+                              measure_bandwidth=False)
     if not (1 <= samples <= MAX_SAMPLES and 0 <= warmup <= MAX_SAMPLES):
         raise UserError(f"--samples must be 1 to {MAX_SAMPLES:,}, --warmup 0 to {MAX_SAMPLES:,}")
+    check_protocol(protocol, timers=tuple(CUDA_TIMERS))
     if not 1 <= mib <= 65536:
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
-    if backend is None:
-        req = RunRequest(shapes=("_probe",), arms=(op,), flush=flush, timer="events" if timer == "none" else timer)
-        backend = cuda_backend(req)
-    unit, decl, nbytes = probe_unit(op, mib, backend.device)
-    t = NullTimer() if timer == "none" else backend.make_timer(samples)
-    try:
-        out = run_rounds([unit], EngineConfig(1, samples, warmup), t, flush=backend.flush, sync=backend.sync,
-                         markers=backend.markers)
-    finally:
-        t.close()
-    if timer == "none":
-        audit = Audit(len(out.samples), 0, 0)
-    else:
-        audit = audit_samples(out.samples, {(unit.shape, unit.arm): (decl,)}, out.kernels,
-                              out.dropped_by_round, timer)
-    return ProbeResult(op, nbytes, tuple(out.samples), audit, timer)
+    backend = backend if backend is not None else cuda_backend(protocol)
+    unit, _, nbytes = probe_unit(op, mib, backend.device)
+    m = measure([unit], protocol, backend)
+    return ProbeResult(op, nbytes, m.samples, m.audit, m.timer, tuple(m.audited_samples))
+
+
+@dataclass(frozen=True)
+class NcuComparison:
+    kernels: int  # ncu's profiled kernels of the workload
+    median_ns: float  # ncu's gpu__time_duration.sum, median
+    ratio: float  # moebench's median / ncu's
+
+
+def compare_with_ncu(res: ProbeResult, ncu_csv_text: str) -> NcuComparison:
+    """The probe's median against ncu's durations of the same workload's kernel."""
+    if res.median_ns is None:
+        raise UserError("no audited samples to compare with ncu")
+    ncu = parse_ncu_csv(ncu_csv_text, kernel_regex=OPS[res.op][0])
+    ncu_median = float(median(ncu))
+    return NcuComparison(len(ncu), ncu_median, res.median_ns / ncu_median)

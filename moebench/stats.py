@@ -1,6 +1,8 @@
 """Statistics over samples: pure functions, named, so a report can redo them from a file.
 
-A row is the median of one round's samples of one arm at one shape. An arm's duration is
+Statistics are taken over the samples the audit passed (`summary_samples`; files written
+before that rule over every sample, as they say). A row is the median of one round's samples
+of one arm at one shape. An arm's duration is
 the median of its rows. A ratio is the median over rounds of ref-row / arm-row (> 1: the
 arm is faster), with its range and the number of rounds the arm won.
 """
@@ -12,8 +14,16 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Iterable, Mapping, Sequence
 
-from moebench.results.schema import ArmSummary, RatioSummary, Sample
-from moebench.timing.audit import kernel_labels
+from moebench.results.schema import AUDITED_SAMPLES, ArmSummary, RatioSummary, Sample
+from moebench.timing.audit import audited, kernel_labels
+
+
+def summary_samples(result) -> list[Sample]:
+    """The samples `result`'s statistics are taken over: those its audit passed (or, for a
+    file written before that rule, every sample)."""
+    if result.statistics_over == AUDITED_SAMPLES:
+        return audited(result.samples, result.audit)
+    return list(result.samples)
 
 
 def rows_by_round(values: Iterable[tuple[int, float]]) -> dict[int, float]:
@@ -109,7 +119,7 @@ def with_ref(result, ref: str):
         raise UserError(f"--ref {ref!r} is not an arm of this run (arms: {', '.join(result.settings.arms)})")
     if ref == result.settings.ref:
         return result
-    _, ratios = summarize(result.samples, result.settings.shapes, result.settings.arms, ref,
+    _, ratios = summarize(summary_samples(result), result.settings.shapes, result.settings.arms, ref,
                           {f.name: f.floors.hbm_bytes for f in result.fixtures},
                           result.provenance.gpu.read_bandwidth_bytes_per_s)
     return replace(result, settings=replace(result.settings, ref=ref), ratios=ratios)
@@ -139,7 +149,7 @@ def kernel_summaries(result) -> tuple[KernelSummary, ...]:
     ones (CUPTI runs; none for events runs)."""
     declared = {(a.shape, a.name): a.kernels for a in result.arms}
     per: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
-    for s in result.samples:
+    for s in summary_samples(result):
         decl = declared.get((s.shape, s.arm))
         if not decl or not s.kernels:
             continue
@@ -184,7 +194,7 @@ def referee_labels(checks) -> list[str]:
 def referee_checks(result, tolerance: float = REFEREE_TOLERANCE) -> tuple[RefereeCheck, ...]:
     """Each stock arm of the run against its referee, where both ran at a shape."""
     by_unit: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    for s in result.samples:
+    for s in summary_samples(result):
         by_unit[(s.shape, s.arm)].append((s.round, s.value_ns))
     kernels = {(k.shape, k.arm, k.label): k.median_ns for k in kernel_summaries(result)}
     checks = []

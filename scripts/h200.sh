@@ -50,33 +50,38 @@ for s in "$@"; do case $s in
   cuda-tests) stage cuda-tests python3 -m pytest -q tests/test_cuda_arms_gpu.py ;;
   fused-vs-rev) stage fused-vs-rev python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --build wt=moebench/kernels/sm90_fused_moe.cu --build base=git:"${BASE_REV:?set BASE_REV}" --ref base --out "$R" ;;
-  fused-variants) stage fused-variants python3 scripts/arm_variants.py "$R/variants" --arm cuda-fused \
-         --variant bm8:block_m=8 --variant bm16:block_m=16 ;;
-  fused-stages) stage fused-stages python3 scripts/arm_variants.py "$R/stages" --arm cuda-fused \
-         --variant s4:block_m=8,stages=4 --variant s3:block_m=8,stages=3 --variant s2:block_m=8,stages=2 ;;
+  fused-variants) stage fused-variants python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --variant bm8=cuda-fused:block_m=8 --variant bm16=cuda-fused:block_m=16 --out "$R/variants" ;;
+  fused-stages) stage fused-stages python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --variant s4=cuda-fused:block_m=8,stages=4 --variant s3=cuda-fused:block_m=8,stages=3 \
+         --variant s2=cuda-fused:block_m=8,stages=2 --out "$R/stages" ;;
   ncu-fused) stage ncu-fused bash -c "for p in 'A128 cuda-fused moebench_fused_moe 2 1' 'Q8 cuda-fused moebench_fused_moe 2 1' 'A128 cuda-swapab moe_grouped_gemm 4 2'; do
          set -- \$p; f=$W/logs/ncu-\$1-\$2;
-         ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 scripts/profile_arm.py \$1 \$2 4;
+         ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 -m moebench profile \$1 \$2 --calls 4;
          ncu --import \$f.ncu-rep --page details > \$f-details.txt;
          ncu --import \$f.ncu-rep --page source --csv --print-source sass > \$f-sass.csv; gzip -f \$f-sass.csv; rm -f \$f.ncu-rep; done" ;;
   ncu-fused-c4) stage ncu-fused-c4 bash -c "for p in 'A128 cuda-fused moebench_fused_moe 2 1' 'Q8 cuda-fused moebench_fused_moe 2 1'; do
          set -- \$p; f=$W/logs/ncu-c4-\$1-\$2;
-         ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 scripts/profile_arm.py \$1 \$2 4;
+         ncu --set full --clock-control none -k regex:\$3 --launch-skip \$4 --launch-count \$5 -f -o \$f python3 -m moebench profile \$1 \$2 --calls 4;
          ncu --import \$f.ncu-rep --page details > \$f-details.txt;
          ncu --import \$f.ncu-rep --page source --csv --print-source sass > \$f-sass.csv; gzip -f \$f-sass.csv; rm -f \$f.ncu-rep; done" ;;
-  gemm2-steps) stage gemm2-steps python3 scripts/gemm2_steps.py "$R/gemm2" ;;
+  gemm2-steps) stage gemm2-steps python3 -m moebench run --shape Q128,A128,Q8,A8 \
+         --variant steps8=cuda-swapab:target_steps=8 --variant steps4=cuda-swapab:target_steps=4 \
+         --variant steps16=cuda-swapab:target_steps=16 --variant steps32=cuda-swapab:target_steps=32 --out "$R/gemm2" ;;
   fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
-  fused-clusters) stage fused-clusters python3 scripts/arm_variants.py "$R/clusters" --arm cuda-fused \
-         --variant c8:cluster=8 --variant c4p2:cluster=4,per_sm=2 --variant c4p3:cluster=4,per_sm=3 ;;
-  fused-clusters-s) stage fused-clusters-s python3 scripts/arm_variants.py "$R/clusters-s" --arm cuda-fused \
-         --variant c8:cluster=8 --variant c4:cluster=4 --variant c4p3s2:cluster=4,per_sm=3,stages=2 \
-         --variant c4p2s4:cluster=4,per_sm=2,stages=4 ;;
+  fused-clusters) stage fused-clusters python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --variant c8=cuda-fused:cluster=8 --variant c4p2=cuda-fused:cluster=4,per_sm=2 \
+         --variant c4p3=cuda-fused:cluster=4,per_sm=3 --out "$R/clusters" ;;
+  fused-clusters-s) stage fused-clusters-s python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --variant c8=cuda-fused:cluster=8 --variant c4=cuda-fused:cluster=4 \
+         --variant c4p3s2=cuda-fused:cluster=4,per_sm=3,stages=2 --variant c4p2s4=cuda-fused:cluster=4,per_sm=2,stages=4 \
+         --out "$R/clusters-s" ;;
   racecheck) stage racecheck bash -c "for a in '--stages 6' '' '--max-clusters 1'; do echo \"== racecheck --K 1024 ${SAN_ARGS:-} \$a\";
          timeout \${CONFIG_TIMEOUT:-90} compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py --K 1024 ${SAN_ARGS:-} \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2|rror'; done" ;;  # SAN_ARGS: e.g. --cluster 1
   racecheck-diag) stage racecheck-diag bash -c "for a in '--stages 6' '--max-clusters 1' ''; do echo \"== racecheck \$a\";
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py \$a 2>&1 | grep -E 'Race reported|Write access|Read access|SUMMARY|rel_l2'; done" ;;
-  fused-alone) stage fused-alone python3 scripts/arm_variants.py "$R/alone" --arm cuda-fused \
-         --variant c4:cluster=4 --variant c1:cluster=1 ${ALONE_SHAPES:---shape Q8 --shape A8} ;;
+  fused-alone) stage fused-alone python3 -m moebench run ${ALONE_SHAPES:---shape Q8,A8} \
+         --variant c4=cuda-fused:cluster=4 --variant c1=cuda-fused:cluster=1 --out "$R/alone" ;;
   run-args) stage run-args bash -c "python3 -m moebench run --out $R $RUN_ARGS" ;;  # RUN_ARGS: builds, shapes, --ref
   memcheck) stage memcheck bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ${SAN_ARGS:-}" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&

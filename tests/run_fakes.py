@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from timing_fakes import FakeGpu, FakeTracer
 
-from moebench.runner import TimingBackend
+from moebench.measure import TimingBackend
+from moebench.timing.timers import KernelRecordTimer
 
 
 def fake_backend(gpu: FakeGpu) -> TimingBackend:
-    return TimingBackend(device=torch.device("cpu"), make_timer=lambda cap: FakeTracer(gpu),
+    return TimingBackend(device=torch.device("cpu"), timer=KernelRecordTimer(lambda cap: FakeTracer(gpu)),
                          flush=lambda: gpu.launch("flush_reduce", 50_000), flush_bytes=256 * 2**20,
                          sync=lambda: None)

@@ -79,3 +79,24 @@ def test_bench_mistakes_raise_user_error(kwargs, needle):
     with pytest.raises(UserError, match=None) as exc:
         moebench.bench({"a": lambda: None}, backend=fake_backend(FakeGpu()), **kwargs)
     assert needle in str(exc.value)
+
+
+def test_statistics_leave_out_the_samples_the_audit_rejected(tmp_path):
+    gpu = FakeGpu()
+    n = {"calls": 0}
+
+    def slow_when_odd():
+        n["calls"] += 1
+        if n["calls"] % 2:
+            gpu.launch("k", 1000)
+        else:  # every other call also launches a stray kernel and takes far longer
+            gpu.launch("k", 1000)
+            gpu.launch("k_stray", 90_000)
+
+    result = moebench.bench({"x": slow_when_odd}, kernels={"x": ["^k$"]}, rounds=2, samples=4, warmup=0,
+                            backend=fake_backend(gpu), out_dir=str(tmp_path))
+    assert result.audit.samples_passed == 4 and result.statistics_over == "audited samples"
+    (s,) = result.summaries
+    assert s.samples == 4 and s.median_ns == 1000  # the rejected 91 µs samples are not in the median
+    (path,) = tmp_path.glob("*.json")
+    assert load(path) == result  # the loader recomputes the same statistics from the same samples

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import moebench.cli.run_cmd as run_cmd
-from moebench.cli.sweep_cmd import sweep_shapes
+from moebench.plan import sweep_shapes
 from moebench.errors import UserError
 from moebench.results.store import save
 from result_factory import run_cli, sweep_result

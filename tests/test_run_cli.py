@@ -11,6 +11,7 @@ from moebench.kernels.arm import ARMS, Arm, KernelDecl, PreparedCall, register_a
 from moebench.results.store import load
 from moebench.runner import RunFailed, RunRequest, TimingBackend, result_filename, run
 from moebench.timing.engine import Unit
+from moebench.timing.timers import KernelRecordTimer
 
 GPU = FakeGpu()
 
@@ -48,7 +49,7 @@ _register()
 def backend(flush="read", drop_in_round=None):
     def probe():
         return Unit("_probe", "read", run=lambda: GPU.launch("reduce_kernel", 250_000)), 1_000_000_000
-    return TimingBackend(device=torch.device("cpu"), make_timer=lambda cap: FakeTracer(GPU, drop_in_round),
+    return TimingBackend(device=torch.device("cpu"), timer=KernelRecordTimer(lambda cap: FakeTracer(GPU, drop_in_round)),
                          flush=(lambda: GPU.launch("flush_reduce", 50_000)) if flush != "none" else (lambda: None),
                          flush_bytes=256 * 2**20 if flush != "none" else 0, sync=lambda: None,
                          probe=probe)

@@ -1,5 +1,5 @@
 from moebench.results.schema import DeclaredKernel, KernelRecord, Sample
-from moebench.timing.audit import audit_samples, kernel_mismatch
+from moebench.timing.audit import audit_intervals, audit_samples, kernel_mismatch
 from moebench.timing.records import TaggedKernel
 
 D = (DeclaredKernel("gemm", r"gemm\d", 2), DeclaredKernel("combine", "combine", 1))
@@ -68,5 +68,5 @@ def test_findings_name_the_sample_and_count():
 def test_events_samples():
     ok = Sample("A8", "x", 1, 0, 0, (), 5000)
     bad = Sample("A8", "x", 1, 1, 0, (), 0)
-    audit = audit_samples([ok, bad], DECL, timer="events")
+    audit = audit_intervals([ok, bad])
     assert audit.samples_passed == 1 and "not positive" in audit.findings[0].reason

@@ -3,8 +3,11 @@
 from timing_fakes import FakeGpu, FakeTracer, fake_kernels
 
 from moebench.results.schema import DeclaredKernel
-from moebench.timing.audit import audit_samples
+from moebench.timing.audit import audit_intervals, audit_samples
 from moebench.timing.engine import EngineConfig, Unit, run_rounds
+from moebench.timing.timers import EventTimer, KernelRecordTimer
+
+KERNEL_RECORDS = KernelRecordTimer(open_recorder=None)  # the tests open their fake recorders themselves
 
 
 def units(gpu, shapes=("A8",)):
@@ -37,7 +40,7 @@ def test_samples_order_and_kernels():
     tracer = FakeTracer(gpu)
     syncs, clock_rounds, done = [], [], []
     markers = Markers()
-    out = run_rounds(units(gpu), EngineConfig(rounds=3, samples=4, warmup=2), tracer,
+    out = run_rounds(units(gpu), EngineConfig(rounds=3, samples=4, warmup=2), tracer, KERNEL_RECORDS,
                      flush=lambda: gpu.launch("flush_reduce", 2000), sync=lambda: syncs.append(1),
                      clocks=lambda r: clock_rounds.append(r) or r, markers=markers,
                      on_unit_done=lambda r, u, n: done.append((r, u.arm, n)))
@@ -62,6 +65,7 @@ def test_samples_order_and_kernels():
 def test_dropped_records_fail_the_round():
     gpu = FakeGpu()
     out = run_rounds(units(gpu), EngineConfig(rounds=2, samples=3, warmup=0), FakeTracer(gpu, drop_in_round=2),
+                     KERNEL_RECORDS,
                      flush=lambda: gpu.launch("flush", 10))
     audit = audit_samples(out.samples, DECL, out.kernels, out.dropped_by_round)
     assert not audit.passed and audit.dropped_records == 3
@@ -71,8 +75,6 @@ def test_dropped_records_fail_the_round():
 
 def test_events_timer_path_builds_event_samples():
     class Events:
-        name = "events"
-
         def __init__(self):
             self.ids = []
 
@@ -92,9 +94,9 @@ def test_events_timer_path_builds_event_samples():
             pass
 
     gpu = FakeGpu()
-    out = run_rounds(units(gpu), EngineConfig(rounds=2, samples=2, warmup=1), Events())
+    out = run_rounds(units(gpu), EngineConfig(rounds=2, samples=2, warmup=1), Events(), EventTimer(None))
     assert all(s.events_ns and s.events_ns > 1000 and not s.kernels and s.external_id == 0 for s in out.samples)
-    audit = audit_samples(out.samples, DECL, timer="events")
+    audit = audit_intervals(out.samples)
     assert audit.passed and audit.samples_passed == 8
 
 

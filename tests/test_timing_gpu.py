@@ -6,10 +6,9 @@ A tiny torch "arm" (two elementwise kernels) goes through the same engine and au
 import pytest
 import torch
 
+from moebench.measure import TimingProtocol, cuda_backend, measure
 from moebench.results.schema import DeclaredKernel
-from moebench.runner import RunRequest, cuda_backend, measure_read_bandwidth
-from moebench.timing.audit import audit_samples
-from moebench.timing.engine import EngineConfig, Unit, run_rounds
+from moebench.timing.engine import Unit
 
 pytestmark = pytest.mark.gpu
 
@@ -24,20 +23,23 @@ def tiny_unit(shape="T", arm="torch2", n=1 << 22):
     def run():
         torch.add(a, b, out=c)
         torch.mul(c, 2.0, out=c)
-    return Unit(shape, arm, run, reset=lambda: c.zero_())
+    return Unit(shape, arm, run, reset=lambda: c.zero_(), kernels=DECL)
+
+
+class _Out:
+    """The measurement as the engine's output used to read: samples, every kernel, clocks."""
+
+    def __init__(self, m, kernels):
+        self.samples, self.clocks, self.kernels = m.samples, m.clocks, kernels
 
 
 def time_tiny(flush="read", timer="cupti", rounds=2, samples=10):
-    backend = cuda_backend(RunRequest(shapes=("T8",), arms=("x",), flush=flush, timer=timer))
+    protocol = TimingProtocol(rounds, samples, 2, flush, timer, measure_bandwidth=False)
+    backend = cuda_backend(protocol)
     units = [tiny_unit(arm="one"), tiny_unit(arm="two")]
-    t = backend.make_timer(len(units) * samples)
-    try:
-        out = run_rounds(units, EngineConfig(rounds, samples, 2), t, flush=backend.flush, sync=backend.sync,
-                         clocks=backend.clocks, markers=backend.markers)
-    finally:
-        t.close()
-    declared = {("T", "one"): DECL, ("T", "two"): DECL}
-    return backend, out, audit_samples(out.samples, declared, out.kernels, out.dropped_by_round, timer)
+    seen = []
+    m = measure(units, protocol, backend, on_round_done=lambda r, out: seen.append(out))
+    return backend, _Out(m, seen[-1].kernels if seen else []), m.audit
 
 
 @pytest.mark.parametrize("flush", ["read", "write", "none"])
@@ -76,12 +78,9 @@ def test_tracer_restarts_in_one_process():
 
 
 def test_read_bandwidth_probe_is_plausible():
-    backend = cuda_backend(RunRequest(shapes=("T8",), arms=("x",)))
-    t = backend.make_timer(20)
-    try:
-        bw = measure_read_bandwidth(backend, t)
-    finally:
-        t.close()
+    protocol = TimingProtocol(rounds=1, samples=1, warmup=0)
+    backend = cuda_backend(protocol)
+    bw = measure([tiny_unit()], protocol, backend).read_bandwidth_bytes_per_s
     assert bw is not None and 1e11 < bw < 2e13
 
 
@@ -95,3 +94,19 @@ def test_probe_single_kernel(timer):
     assert res.audit.passed and res.median_ns > 0
     if timer == "cupti":
         assert len(res.kernel_names) == 1 and "_add" in res.kernel_names[0]
+
+
+def test_variant_and_profile_on_the_gpu(tmp_path):
+    """A variant of the stock arm (PDL off) timed beside it in one paired run, and the stock arm
+    run untimed for a profiler, on the real backend."""
+    from moebench.plan import RunRequest
+    from moebench.profile import profile_arm
+    from moebench.runner import run
+    req = RunRequest(shapes=("T8",), arms=("triton",), variants=("nopdl=triton:pdl=false",), rounds=2, samples=5,
+                     warmup=1, out_dir=str(tmp_path), measure_bandwidth=False)
+    result, _ = run(req)
+    assert result.settings.arms == ("triton", "nopdl") and result.audit.passed
+    assert {a.name: a.identity.get("variant") for a in result.arms}["nopdl"] == {"of": "triton",
+                                                                               "settings": {"pdl": False}}
+    p = profile_arm(RunRequest(shapes=("T8",), arms=("triton",)), calls=3)
+    assert p.parity[0].passed and p.calls == 3 and p.kernels

@@ -73,7 +73,7 @@ class FakeGpu:
 
 
 class FakeTracer:
-    name = "cupti"
+    """CUPTI-like record batches from the FakeGpu, per round."""
 
     def __init__(self, gpu: FakeGpu, drop_in_round: int | None = None):
         self.gpu = gpu

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import click
 from rich.table import Table
@@ -11,8 +10,7 @@ from rich.table import Table
 from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, registry, shape_option,
                                  shapes_file_option)
-from moebench.fixtures import build_fixture
-from moebench.fixtures.summary import fixture_summary
+from moebench.fixtures.summary import describe_fixtures
 from moebench.results.tables import make_console
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
@@ -27,11 +25,7 @@ DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
 def fixtures(shapes, shapes_file, balancedness, as_json, max_fixture_gb):
     """Build fixtures and print their dims, routing, floors and fingerprint."""
     specs = registry(shapes_file, max_fixture_gb).resolve_many(list(shapes) or list(DEFAULT_SHAPES), balancedness=balancedness)
-    summaries = []
-    for spec in specs:
-        start = time.perf_counter()
-        fx = build_fixture(spec)
-        summaries.append({**fixture_summary(fx), "build_seconds": round(time.perf_counter() - start, 3)})
+    summaries = describe_fixtures(specs)
     if as_json:
         click.echo(json.dumps(summaries, indent=2))
         return

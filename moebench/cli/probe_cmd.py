@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from moebench.cli import cli
-from moebench.fidelity import OPS, parse_ncu_csv, run_probe
+from moebench.fidelity import OPS, compare_with_ncu, run_probe
 from moebench.timing.flush import FLUSH_MODES
+from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
 
 @cli.command("probe")
@@ -18,27 +19,28 @@ from moebench.timing.flush import FLUSH_MODES
 @click.option("--samples", type=int, default=100, show_default=True)
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True)
-@click.option("--timer", type=click.Choice(["cupti", "events", "none"]), default="cupti", show_default=True,
+@click.option("--timer", type=click.Choice(list(CUDA_TIMERS)), default=DEFAULT_TIMER, show_default=True,
               help="none: only launch (for ncu/nsys to measure).")
 @click.option("--ncu-csv", type=click.Path(dir_okay=False, exists=True), default=None,
               help="ncu --csv output of the same workload: print its median and the difference.")
 def probe(op, mib, samples, warmup, flush, timer, ncu_csv):
     """Time one kernel exactly as `moebench run` times an arm (cold L2, audited)."""
     res = run_probe(op, mib, samples, warmup, flush, timer)
-    if timer == "none":
+    if not res.timed:
         click.echo(f"launched {op} ({mib} MiB per tensor) {samples + warmup} times, flush {flush}, untimed")
         return
     med = res.median_ns
     a = res.audit
+    if med is None:
+        click.echo(f"moebench: error: audit failed: no sample of {op} passed ({a.samples_passed}/{a.samples_total})",
+                   err=True)
+        raise click.exceptions.Exit(1)
     click.echo(f"{op}: median {med / 1e3:.3f} us over {len(res.samples)} samples ({timer}, flush {flush}); "
                f"{res.bytes_moved / (med * 1e-9) / 1e12:.2f} TB/s; audit {a.samples_passed}/{a.samples_total}")
-    click.echo(f"kernels: {', '.join(res.kernel_names) or '(not visible to the events timer)'}")
+    click.echo(f"kernels: {', '.join(res.kernel_names) or '(not visible to this timer)'}")
     if ncu_csv:
-        from statistics import median
-        pattern = OPS[op][0]
-        ncu = parse_ncu_csv(Path(ncu_csv).read_text(), kernel_regex=pattern)
-        ncu_med = median(ncu)
-        click.echo(f"ncu gpu__time_duration.sum: median {ncu_med / 1e3:.3f} us over {len(ncu)} kernels; "
-                   f"moebench/ncu = {med / ncu_med:.4f} ({100 * (med / ncu_med - 1):+.2f}%)")
+        c = compare_with_ncu(res, Path(ncu_csv).read_text())
+        click.echo(f"ncu gpu__time_duration.sum: median {c.median_ns / 1e3:.3f} us over {c.kernels} kernels; "
+                   f"moebench/ncu = {c.ratio:.4f} ({100 * (c.ratio - 1):+.2f}%)")
     if not a.passed:
         raise click.exceptions.Exit(1)

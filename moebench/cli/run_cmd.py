@@ -28,6 +28,7 @@ from moebench.kernels.arm import parse_arm_list
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunRequest, run
 from moebench.timing.flush import FLUSH_MODES
+from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
 
@@ -48,7 +49,7 @@ def _progress(console: Console, total: int):
 @shapes_file_option
 @balancedness_option
 @click.option("--arms", "arms", multiple=True, metavar="A[,A...]",
-              help="Arms to time, in the order odd rounds run them (builds and --arm arms follow); "
+              help="Arms to time, in the order odd rounds run them (builds, variants and --arm arms follow); "
                    "default: every built-in arm that can run here.")
 @click.option("--build", "builds", multiple=True, metavar="NAME=PATH|NAME=git:REV[:PATH]",
               help="Time the arm family of a CUDA source built from this file (or the file at a git "
@@ -59,6 +60,9 @@ def _progress(console: Console, total: int):
               help="Git builds: the arm's Python host code as it is at the revision (when it differs), or this tree's.")
 @click.option("--define", "defines", multiple=True, metavar="NAME:KEY=VALUE",
               help="A preprocessor define for build NAME only.")
+@click.option("--variant", "variants", multiple=True, metavar="NAME=ARM:KEY=VALUE[,KEY=VALUE...]",
+              help="ARM under other settings (constructor options, or fields of its config), timed as arm NAME "
+                   "in the same paired rounds, e.g. bm16=cuda-fused:block_m=16; repeat for more.")
 @click.option("--arm", "external_arms", multiple=True, metavar="NAME=module:factory",
               help="Your own arm: factory(fixture) returns the prepared call (README: bring your own arm).")
 @click.option("--ref", default=None, help="Arm (or build name) the ratios are taken against (default: the first).")
@@ -67,14 +71,15 @@ def _progress(console: Console, total: int):
 @click.option("--warmup", type=int, default=5, show_default=True, help="Per arm per round, untimed.")
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True,
               help="L2 flush before each sample: read (cold, clean), write (cold, dirty), none.")
-@click.option("--timer", type=click.Choice(["cupti", "events"]), default="cupti", show_default=True,
+@click.option("--timer", type=click.Choice(RUN_TIMERS), default=DEFAULT_TIMER, show_default=True,
               help="CUPTI kernel records, or CUDA events (labelled so in the result).")
 @triton_config_option
 @pdl_option
 @max_fixture_gb_option
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
-def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, external_arms, ref, rounds,
+def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants, external_arms,
+                ref, rounds,
                 samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
@@ -84,7 +89,8 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                      shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
                      arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds), build_arm=build_arm,
                      build_host=build_host,
-                     defines=tuple(defines), external_arms=tuple(external_arms), max_fixture_gb=max_fixture_gb)
+                     defines=tuple(defines), variants=tuple(variants), external_arms=tuple(external_arms),
+                     max_fixture_gb=max_fixture_gb)
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))

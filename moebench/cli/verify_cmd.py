@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import click
-import torch
 from rich.table import Table
 
 from moebench.cli import cli
-from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, registry, shape_option,
+from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
                                  shapes_file_option, triton_config_option)
-from moebench.errors import UserError
-from moebench.fixtures import build_fixture
-from moebench.kernels.arm import default_arms, parse_arm_list
+from moebench.kernels.arm import parse_arm_list
 from moebench.kernels.parity import REL_L2_THRESHOLD
-from moebench.kernels.triton_arms import use_interpreter
-from moebench.kernels.verify import verify_arms
+from moebench.parity_run import VerifyRequest, verify
 from moebench.results.tables import make_console
 
 
-@cli.command()
+@cli.command("verify")
 @shape_option
 @shapes_file_option
 @balancedness_option
@@ -31,34 +27,16 @@ from moebench.results.tables import make_console
 @click.option("--threshold", type=float, default=REL_L2_THRESHOLD, show_default=True,
               help="Largest relative L2 error that passes.")
 @max_fixture_gb_option
-def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold,
+def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold,
            max_fixture_gb):
     """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure.
     With no --arms, every built-in arm that can run here."""
-    options = {"triton_config": triton_config, "pdl": pdl}
-    names = parse_arm_list(list(arms)) if arms else None
-    specs = registry(shapes_file, max_fixture_gb).resolve_many(list(shapes) or [], balancedness=balancedness)
-    if not threshold > 0:
-        raise UserError(f"--threshold must be positive, got {threshold}")
-    if interpret:
-        use_interpreter(True)
-        device = torch.device("cpu")
-    elif torch.cuda.is_available():
-        device = torch.device("cuda")
-    else:
-        raise UserError("no CUDA device here; --interpret runs the Triton kernels on the CPU")
+    req = VerifyRequest(shapes=tuple(shapes), arms=tuple(parse_arm_list(list(arms))) if arms else None,
+                        options={"triton_config": triton_config, "pdl": pdl}, interpret=interpret, seed=seed,
+                        edge_cases=edge_cases, threshold=threshold, balancedness=balancedness,
+                        shapes_file=shapes_file, max_fixture_gb=max_fixture_gb)
     console = make_console()
-    if names is None:
-        names, skipped = default_arms(device, options)
-        if skipped:
-            console.print("[dim]arms left out: " + "; ".join(f"{n} ({why})" for n, why in skipped) + "[/]")
-        if not names:
-            raise UserError("no arm can run here")
-    rows = []
-    for spec in specs:
-        fx = build_fixture(spec).to(device)
-        rows += verify_arms(fx, names, options=options, seed=seed,
-                            with_edge_cases=edge_cases, threshold=threshold)
+    rows, device = verify(req, log=lambda m: console.print(f"[dim]{m}[/]"))
     console.print(_parity_table(rows, device, interpret))
     failed = [r for r in rows if not r.passed]
     if failed:

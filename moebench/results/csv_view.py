@@ -13,6 +13,7 @@ import pandas as pd
 
 from moebench.results.index import ResultIndex
 from moebench.results.schema import ArmSummary, RatioSummary, RunResult
+from moebench.timing.metrics import timed_metric
 
 COLUMNS = ("kind", "shape", "arm", "ref", "round", "index", "metric", "unit", "value",
            "gpu_span_ns", "kernels", "external_id")
@@ -55,10 +56,10 @@ def _row(**cells) -> dict:
 
 
 def _sample_rows(result: RunResult) -> Iterator[dict]:
-    metric = "events" if result.settings.timer == "events" else "gpu_busy"
+    metric = timed_metric(result.settings.timer)
     for s in result.samples:
         yield _row(kind="sample", shape=s.shape, arm=s.arm, round=s.round, index=s.index,
-                   metric=metric, unit="ns", value=s.value_ns,
+                   metric=metric.name, unit=metric.unit, value=s.value_ns,
                    gpu_span_ns=s.gpu_span_ns if s.kernels else None,
                    kernels=len(s.kernels), external_id=s.external_id)
 

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from moebench.results.markdown import Image
 from moebench.results.schema import RunResult
+from moebench.timing.metrics import timed_metric
 
 Renderer = Callable[[RunResult, TextIO, Sequence[Image]], None]
 
@@ -26,7 +27,8 @@ def _kernels(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
     console = make_console(out)
     kernels = kernel_summaries(result)
     if not kernels:
-        console.print(f"no per-kernel durations: this run was timed by {result.settings.timer}, not CUPTI records")
+        console.print(f"no per-kernel durations: its samples hold no matching kernel records "
+                      f"(timer: {timed_metric(result.settings.timer).source})")
         return
     for table in (kernel_table(kernels), referee_table(referee_checks(result))):
         if table is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from moebench.results.schema import ArmInfo, ArmSummary, FixtureInfo, RatioSummary, RunResult, Sample
+from moebench.timing.metrics import TimedMetric, timed_metric
 
 
 class ResultIndex:
@@ -28,6 +29,7 @@ class ResultIndex:
         self.shapes = _ordered(result.settings.shapes, (s.shape for s in result.summaries))
         self.arms = _ordered(result.settings.arms, (s.arm for s in result.summaries))
         self.rounds = tuple(range(1, result.settings.rounds + 1))
+        self.metric: TimedMetric = timed_metric(result.settings.timer)  # what a sample's value is
 
     def summary(self, shape: str, arm: str) -> ArmSummary | None:
         return self._summaries.get((shape, arm))
@@ -61,11 +63,6 @@ class ResultIndex:
                 by_family[fx.family].append(fx)
         return {fam: tuple(sorted(fxs, key=lambda f: f.M))
                 for fam, fxs in by_family.items() if len({f.M for f in fxs}) >= min_points}
-
-    @property
-    def timed_value(self) -> str:
-        """What a sample's value is: the name the views print for it."""
-        return "events" if self.settings.timer == "events" else "gpu_busy"
 
 
 def _ordered(preferred: tuple[str, ...], seen) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from moebench.results.index import ResultIndex, mbytes, mib, percent, ratio, tb_per_s, us
 from moebench.results.schema import RunResult, Settings
 from moebench.results.tables import build_parity_by_arm, build_parity_text
+from moebench.timing.metrics import timed_metric
 
 
 @dataclass(frozen=True)
@@ -24,23 +25,18 @@ class Image:
     link: str
 
 
-# How each flush policy and each timer is said in the method sentence.
+# How each flush policy is said in the method sentence (each timer declares its own words).
 FLUSH_WORDS = {
     "read": lambda s: f"L2 flushed cold and clean by reading {mib(s.flush_bytes)}",
     "write": lambda s: (f"L2 flushed by writing {mib(s.flush_bytes)} (dirty lines: their "
                         "write-back can land in the timed kernels)"),
     "none": lambda s: "L2 not flushed (warm)",
 }
-TIMER_WORDS = {
-    "cupti": ("timed as the GPU time of its kernels from CUPTI records (gpu_busy: the union of their "
-              "intervals, the sum of their durations where they do not overlap)"),
-    "events": "timed with CUDA events around the call (not CUPTI: launch gaps included)",
-}
 
 
 def method_sentence(s: Settings) -> str:
     flush = FLUSH_WORDS.get(s.flush, lambda s: f"flush policy {s.flush!r}")(s)
-    timer = TIMER_WORDS.get(s.timer, f"timed by {s.timer!r}")
+    timer = timed_metric(s.timer).method
     order = ", ".join(f"`{a}`" for a in s.arms)
     return (f"Each sample is one call with {flush} before it, {timer}; {s.rounds} rounds × "
             f"{s.samples} samples per arm ({s.warmup} warm-up{'' if s.warmup == 1 else 's'} each), odd rounds in the order "
@@ -72,7 +68,7 @@ def _warnings(ix: ResultIndex) -> str:
         if not p.passed:
             lines.append(f"> **Parity failed:** `{p.arm}` at {p.shape}: rel L2 {p.rel_l2:.3g} "
                          f"(threshold {p.threshold:g}), {p.nonfinite} non-finite.")
-    if ix.settings.timer != "cupti":
+    if not ix.metric.reference:
         lines.append(f"> Timer: **{ix.settings.timer}**, not CUPTI kernel records.")
     return "\n".join(lines)
 

@@ -26,7 +26,6 @@ STYLE = {
     "svg.fonttype": "path",
 }
 METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
-TIMED = {"gpu_busy": "GPU time (kernels, CUPTI)", "events": "time (CUDA events)"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def samples_plot(ix: ResultIndex, shape: str) -> Plot:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.4g}"))
     axes[-1].set_xticks(list(ix.rounds), [str(r) for r in ix.rounds])
     axes[-1].set_xlabel("round (dots: samples in order; bar: round median; dashed: median of rounds)")
-    fig.suptitle(f"{shape}: samples by round — {TIMED[ix.timed_value]}", fontsize=10)
+    fig.suptitle(f"{shape}: samples by round — {ix.metric.plot_label}", fontsize=10)
     return Plot(f"{shape}-samples", f"{shape}: samples by round", fig)
 
 
@@ -140,7 +139,7 @@ def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_ylabel(f"median µs — {TIMED[ix.timed_value]}")
+        ax.set_ylabel(f"median µs — {ix.metric.plot_label}")
         ax.set_title(f"family {family}: duration against M")
         ax.legend(loc="upper left", fontsize=8)
         yield Plot(f"sweep-{family}-duration", f"family {family}: duration against M", fig)

@@ -8,7 +8,9 @@ Format history:
     Later defaulted fields (older files read with the default): build_parity (`--build`);
     ArmSummary.sum_median_ns and the headline gpu_busy (the union of a sample's kernel
     intervals; equal to gpu_sum in every file written before PDL arms, whose kernels never
-    overlap).
+    overlap); RunResult.statistics_over: "audited samples" (summaries and ratios taken over the
+    samples the audit passed), read as "all samples" for older files, whose statistics took
+    every sample.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 FORMAT = "moebench.RunResult"
+AUDITED_SAMPLES = "audited samples"  # statistics over the samples the audit passed (every run now)
+ALL_SAMPLES = "all samples"  # files written before: statistics over every sample
+STATISTICS_OVER = (AUDITED_SAMPLES, ALL_SAMPLES)
 
 
 @dataclass(frozen=True)
@@ -273,6 +278,7 @@ class RunResult:
     ratios: tuple[RatioSummary, ...]
     format: str = FORMAT
     build_parity: tuple[BuildParity, ...] = ()
+    statistics_over: str = ALL_SAMPLES  # which samples the summaries and ratios were taken over
 
 
 # --- plain data <-> records ------------------------------------------------------------

@@ -11,14 +11,13 @@ from rich.table import Table
 
 from moebench.results.index import percent, us
 from moebench.results.schema import BuildParity, RunResult
+from moebench.timing.metrics import timed_metric
 
 
 def timer_label(result: RunResult) -> str:
     """How the times were taken, as the tables state it."""
     s = result.settings
-    what = ("CUPTI kernel records, gpu_busy (union of the call's kernels; = gpu_sum without PDL overlap)"
-            if s.timer == "cupti" else "CUDA EVENTS (not CUPTI), event interval")
-    return f"timer: {what} · flush: {s.flush} ({s.flush_bytes / 2**20:,.0f} MiB) · " \
+    return f"timer: {timed_metric(s.timer).source} · flush: {s.flush} ({s.flush_bytes / 2**20:,.0f} MiB) · " \
            f"{s.rounds} rounds × {s.samples} samples (+{s.warmup} warm-up)"
 
 
@@ -45,8 +44,9 @@ def build_parity_by_arm(result: RunResult) -> dict[tuple[str, str], BuildParity]
 
 def summary_table(result: RunResult) -> Table:
     """One row per (shape, arm): median of round medians, their range, span, bandwidth."""
-    events = result.settings.timer == "events"
-    t = Table(title="moebench run — durations in µs (median of round medians; n = samples)" + (" (CUDA events)" if events else ""),
+    metric = timed_metric(result.settings.timer)
+    note = "" if metric.reference else f" ({metric.plot_label})"
+    t = Table(title="moebench run — durations in µs (median of round medians; n = samples)" + note,
               title_justify="left", caption=timer_label(result), caption_justify="left")
     t.add_column("shape", style="bold", no_wrap=True)
     t.add_column("arm", no_wrap=True)

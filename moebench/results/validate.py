@@ -4,15 +4,17 @@ A file can be edited, truncated by hand or written by a bug; a report that trust
 summaries would print whatever it holds. So on load every summary and ratio is recomputed
 from the samples by the same named functions the run used, the samples are checked against
 the settings (shapes, arms, rounds, indices) and against the kernels their arm declares, and
-the audit's counts against the samples. Each problem names the field.
+the audit's counts against the samples. The statistics are recomputed over the samples the
+file says they were taken over (`statistics_over`: the audited ones, or every one in files
+written before that rule). Each problem names the field.
 """
 
 from __future__ import annotations
 
 import math
 
-from moebench.results.schema import RunResult
-from moebench.stats import summarize
+from moebench.results.schema import STATISTICS_OVER, RunResult
+from moebench.stats import summarize, summary_samples
 from moebench.timing.audit import kernel_mismatch
 
 REL_TOL = 1e-4  # below what any view prints: ratios to 0.001, times to 0.01 µs
@@ -55,19 +57,23 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     if a.samples_passed > len(result.samples) - failing:
         out.append(f"audit.samples_passed {a.samples_passed}, but {failing} samples do not hold their declared "
                    f"kernels with positive durations")
-    if result.samples and result.summaries:
-        out += _statistics(result)
-    elif result.samples and not result.summaries:
-        out.append("summaries: none, for a run with samples")
+    if result.statistics_over not in STATISTICS_OVER:
+        out.append(f"statistics_over {result.statistics_over!r} is not one of {', '.join(STATISTICS_OVER)}")
+        return out[:limit]
+    summarized = summary_samples(result)
+    if summarized and result.summaries:
+        out += _statistics(result, summarized)
+    elif summarized and not result.summaries:
+        out.append(f"summaries: none, for a run with {result.statistics_over}")
     return out[:limit]
 
 
-def _statistics(result: RunResult) -> list[str]:
+def _statistics(result: RunResult, samples) -> list[str]:
     s = result.settings
     hbm = {f.name: f.floors.hbm_bytes for f in result.fixtures}
     bw = result.provenance.gpu.read_bandwidth_bytes_per_s if result.provenance.gpu else None
     try:
-        summaries, ratios = summarize(result.samples, s.shapes, s.arms, s.ref, hbm, bw)
+        summaries, ratios = summarize(samples, s.shapes, s.arms, s.ref, hbm, bw)
     except (ValueError, ZeroDivisionError) as err:
         return [f"summaries: cannot be recomputed from the samples ({err})"]
     out = []

@@ -6,7 +6,9 @@ A CUPTI sample passes when
   * no record was dropped in its round,
   * no kernel outside the sample (the flush, another sample, stray work) overlaps the
     window [first start, last end] of the sample's kernels.
-An events sample passes when its interval is positive (its kernels cannot be seen).
+An interval sample (CUDA events) passes when its interval is positive and no record was
+dropped in its round; its kernels cannot be seen. Each timer strategy
+(moebench.timing.timers) says which of the two audits its samples get.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from functools import lru_cache
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from moebench.results.schema import Audit, AuditFinding, Sample
 from moebench.timing.records import TaggedKernel
@@ -91,20 +93,29 @@ class _Intervals:
 
 
 def audit_samples(samples: Sequence[Sample], declared: Mapping[tuple[str, str], Sequence[Declared]],
-                  kernels: Iterable[TaggedKernel] = (), dropped_by_round: Mapping[int, int] | None = None,
-                  timer: str = "cupti") -> Audit:
-    """Audit every sample. `declared` maps (shape, arm) to the arm's declared kernels;
-    `kernels` are all kernels seen during the timed rounds, each tagged with its external
-    id (0 if none); `dropped_by_round` counts records CUPTI dropped in each round."""
+                  kernels: Iterable[TaggedKernel] = (), dropped_by_round: Mapping[int, int] | None = None) -> Audit:
+    """Audit every kernel-record sample. `declared` maps (shape, arm) to the arm's declared
+    kernels; `kernels` are all kernels seen during the timed rounds, each tagged with its
+    external id (0 if none); `dropped_by_round` counts records CUPTI dropped in each round."""
+    intervals = _Intervals(kernels)
+    return _audit(samples, dropped_by_round, lambda s: _kernel_problem(s, declared, intervals))
+
+
+def audit_intervals(samples: Sequence[Sample], dropped_by_round: Mapping[int, int] | None = None) -> Audit:
+    """Audit every interval sample (CUDA events): a positive interval, nothing dropped."""
+    return _audit(samples, dropped_by_round, _interval_problem)
+
+
+def _audit(samples: Sequence[Sample], dropped_by_round: Mapping[int, int] | None,
+           problem: Callable[[Sample], str | None]) -> Audit:
     dropped_by_round = dict(dropped_by_round or {})
     findings: list[AuditFinding] = []
     bad_rounds = {r for r, n in dropped_by_round.items() if n > 0}
     for r in sorted(bad_rounds):
         findings.append(AuditFinding("*", "*", r, -1, f"{dropped_by_round[r]} CUPTI records dropped in round {r}"))
-    intervals = _Intervals(kernels) if timer == "cupti" else None
     passed = 0
     for s in samples:
-        reason = _sample_problem(s, declared, intervals, timer)
+        reason = problem(s)
         if reason is not None:
             findings.append(AuditFinding(s.shape, s.arm, s.round, s.index, reason))
         elif s.round not in bad_rounds:
@@ -113,11 +124,13 @@ def audit_samples(samples: Sequence[Sample], declared: Mapping[tuple[str, str], 
                  dropped_records=sum(dropped_by_round.values()), findings=tuple(findings))
 
 
-def _sample_problem(s: Sample, declared, intervals: _Intervals | None, timer: str) -> str | None:
-    if timer == "events":
-        if s.events_ns is None:
-            return "no event interval"
-        return None if s.events_ns > 0 else f"event interval {s.events_ns} ns is not positive"
+def _interval_problem(s: Sample) -> str | None:
+    if s.events_ns is None:
+        return "no event interval"
+    return None if s.events_ns > 0 else f"event interval {s.events_ns} ns is not positive"
+
+
+def _kernel_problem(s: Sample, declared, intervals: _Intervals) -> str | None:
     if s.events_ns is not None:
         return "events sample in a CUPTI run"
     decl = declared.get((s.shape, s.arm))
@@ -129,7 +142,7 @@ def _sample_problem(s: Sample, declared, intervals: _Intervals | None, timer: st
     for k in s.kernels:
         if k.end_ns <= k.start_ns:
             return f"kernel {_short(k.name)!r} duration {k.end_ns - k.start_ns} ns is not positive"
-    if intervals is not None and s.kernels:
+    if s.kernels:
         start = min(k.start_ns for k in s.kernels)
         end = max(k.end_ns for k in s.kernels)
         for other in intervals.overlapping(start, end):
@@ -137,3 +150,11 @@ def _sample_problem(s: Sample, declared, intervals: _Intervals | None, timer: st
                 whose = "untagged" if other.external_id == 0 else f"external id {other.external_id}"
                 return f"foreign kernel {_short(other.name)!r} ({whose}) inside the sample's window"
     return None
+
+
+def audited(samples: Sequence[Sample], audit: Audit) -> list[Sample]:
+    """The samples `audit` passed: no finding names them and no record was dropped in their
+    round. Statistics are taken over these only."""
+    failed = {(f.shape, f.arm, f.round, f.index) for f in audit.findings if f.index >= 0}
+    bad_rounds = {f.round for f in audit.findings if f.index < 0}
+    return [s for s in samples if s.round not in bad_rounds and (s.shape, s.arm, s.round, s.index) not in failed]

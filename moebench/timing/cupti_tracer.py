@@ -61,8 +61,6 @@ def launch_cbids(members: dict[str, int]) -> set[int]:
 
 
 class CuptiTracer:
-    name = "cupti"
-
     def __init__(self, filter_api: bool = True):
         global _registered, _active
         cupti = load_cupti()

@@ -3,33 +3,25 @@
 Per round, for each shape, for each arm in the round's order:
     warm-ups:  reset(); flush(); run()                                 (untimed)
     samples:   reset(); flush(); timer.begin(id); run(); timer.end(id)
-then one device sync, `timer.collect()` (CUPTI records or event times), one clock
-sample, and the round's samples are built from the records. Nothing in a sample syncs
+then one device sync, `recorder.collect()` (CUPTI records or event times), one clock
+sample, and the timer strategy (timers.py) builds the round's samples from the records. Nothing in a sample syncs
 or allocates beyond a few Python objects; the flush and reset run before the external id
 is pushed, so their kernels are never part of a sample.
 
-The loop knows nothing of CUDA: the timer, flush, sync, clocks and markers are passed in,
-so tests drive it on the CPU with a fake timer that emits synthetic records.
+The loop knows nothing of CUDA: the recorder, timer strategy, flush, sync, clocks and markers
+are passed in, so tests drive it on the CPU with a fake recorder that emits synthetic records.
+`on_round_done` sees the output after every round (a place to save partial results).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-from moebench.results.schema import ClockSample, KernelRecord, Sample
-from moebench.timing.records import RecordBatch, TaggedKernel, group_by_external_id, tag_kernels
+from moebench.results.schema import ClockSample, DeclaredKernel, Sample
+from moebench.timing.records import TaggedKernel
 from moebench.timing.schedule import round_order
-
-
-class Timer(Protocol):
-    name: str
-
-    def begin(self, external_id: int) -> None: ...
-    def end(self, external_id: int) -> None: ...
-    def collect(self) -> RecordBatch: ...
-    def close(self) -> None: ...
+from moebench.timing.timers import Recorder, TimerStrategy
 
 
 class Markers(Protocol):
@@ -78,6 +70,7 @@ class Unit:
     arm: str
     run: Callable[[], None]
     reset: Callable[[], None] | None = None
+    kernels: tuple[DeclaredKernel, ...] | None = None  # what a sample must hold (None: infer from the samples)
 
 
 @dataclass(frozen=True)
@@ -104,10 +97,11 @@ def _noop() -> None:
     return None
 
 
-def run_rounds(units: Sequence[Unit], config: EngineConfig, timer: Timer, *,
+def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, timer: TimerStrategy, *,
                flush: Callable[[], None] = _noop, sync: Callable[[], None] = _noop,
                clocks: Callable[[int], ClockSample] | None = None, markers: Markers | None = None,
                on_unit_done: Callable[[int, Unit, int], None] | None = None,
+               on_round_done: Callable[[int, EngineOutput], None] | None = None,
                first_external_id: int = 1) -> EngineOutput:
     """Time every unit `config.samples` times per round. Units of one shape are paired:
     they run back to back, forward in odd rounds and reversed in even ones; shapes keep
@@ -134,9 +128,9 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, timer: Timer, *,
                     markers.push(f"sample {i}")
                     reset()
                     flush()
-                    timer.begin(next_id)
+                    recorder.begin(next_id)
                     run()
-                    timer.end(next_id)
+                    recorder.end(next_id)
                     markers.pop()
                     visits.append((next_id, u, i))
                     next_id += 1
@@ -145,31 +139,14 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, timer: Timer, *,
                     on_unit_done(r, u, n_samples)
         markers.pop()
         sync()
-        batch = timer.collect()
+        batch = recorder.collect()
         if clocks is not None:
             out.clocks.append(clocks(r))
-        _add_round(out, r, visits, batch, timer.name)
+        records = timer.round_records(r, visits, batch)
+        out.dropped_by_round[r] = batch.dropped
+        out.api_records += batch.api_records
+        out.samples.extend(records.samples)
+        out.kernels.extend(records.kernels)
+        if on_round_done is not None:
+            on_round_done(r, out)
     return out
-
-
-def _add_round(out: EngineOutput, r: int, visits, batch: RecordBatch, timer_name: str) -> None:
-    out.dropped_by_round[r] = batch.dropped
-    out.api_records += batch.api_records
-    if timer_name == "events":
-        for ext, u, i in visits:
-            out.samples.append(Sample(u.shape, u.arm, r, i, 0, (), batch.events_ns.get(ext, 0)))
-        return
-    tagged = tag_kernels(batch)
-    out.kernels.extend(tagged)
-    groups = group_by_external_id(tagged)
-    for ext, u, i in visits:
-        kernels = tuple(KernelRecord(k.name, k.start_ns, k.end_ns) for k in groups.get(ext, ()))
-        out.samples.append(Sample(u.shape, u.arm, r, i, ext, kernels))
-
-
-@contextmanager
-def closing(timer: Timer) -> Iterator[Timer]:
-    try:
-        yield timer
-    finally:
-        timer.close()

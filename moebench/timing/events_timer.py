@@ -13,8 +13,6 @@ from moebench.timing.records import RecordBatch
 
 
 class EventsTimer:
-    name = "events"
-
     def __init__(self, capacity: int):
         self._starts = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
         self._ends = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
@@ -42,8 +40,6 @@ class EventsTimer:
 
 class NullTimer:
     """Times nothing: runs the schedule for an outside profiler (ncu, nsys) to measure."""
-
-    name = "none"
 
     def begin(self, external_id: int) -> None:
         pass

@@ -1,0 +1,52 @@
+"""A Measurement and what was timed, assembled into a RunResult; and its file name.
+
+Statistics are taken over the samples the audit passed only; every sample is kept in the
+result, with the audit that judged it, so the statistics can be redone from the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from moebench.measure import Measurement
+from moebench.prepare import Subjects
+from moebench.results import schema as S
+from moebench.results.provenance import provenance
+from moebench.stats import summarize
+from moebench.timing.metrics import timed_metric
+
+
+def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, command: tuple[str, ...],
+             started_at: str, options: dict | None = None) -> S.RunResult:
+    """The RunResult of measurement `m` of `subjects`; `options` are the request's own settings
+    (arm options, builds, variants) to store beside the timer's."""
+    p = m.protocol
+    summaries, ratios = summarize(m.audited_samples, subjects.shapes, subjects.arms, subjects.ref,
+                                  subjects.hbm_bytes, m.read_bandwidth_bytes_per_s)
+    if gpu is not None:
+        gpu = replace(gpu, read_bandwidth_bytes_per_s=m.read_bandwidth_bytes_per_s)
+    settings = S.Settings(shapes=subjects.shapes, arms=subjects.arms, ref=subjects.ref, rounds=p.rounds,
+                          samples=p.samples, warmup=p.warmup, flush=p.flush, flush_bytes=m.flush_bytes,
+                          timer=m.timer, balancedness=subjects.balancedness,
+                          options={k: v for k, v in {**(options or {}), **m.timer_settings}.items() if v is not None})
+    return S.RunResult(
+        schema_version=S.SCHEMA_VERSION, provenance=provenance(command, started_at, gpu), settings=settings,
+        fixtures=subjects.fixtures, arms=subjects.arm_infos, parity=subjects.parity, samples=m.samples,
+        clocks=m.clocks, audit=m.audit, summaries=summaries, ratios=ratios, build_parity=subjects.build_parity,
+        statistics_over=S.AUDITED_SAMPLES,
+    )
+
+
+def result_filename(result: S.RunResult) -> str:
+    """`20261129T101500Z_A8-A128_triton-vs-triton-swapab.json`, plus the timer and flush
+    when they are not the defaults."""
+    s = result.settings
+    stamp = re.sub(r"[-:]", "", result.provenance.started_at)
+    parts = [stamp, "-".join(s.shapes), "-vs-".join(s.arms)]
+    metric = timed_metric(s.timer)
+    if not metric.reference:
+        parts.append(metric.short)
+    if s.flush != "read":
+        parts.append(f"flush-{s.flush}")
+    return re.sub(r"[^A-Za-z0-9._-]", "_", "_".join(parts)) + ".json"

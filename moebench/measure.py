@@ -1,0 +1,189 @@
+"""The measurement core: `measure(units, protocol, backend) -> Measurement`.
+
+Every front end times through this one function: `run` and `sweep` (prepared arms on
+fixtures), `moebench.bench` (any callables), `probe` (one streaming kernel), variants and
+builds (arms like any other) and `profile` (the untimed strategy, for ncu and nsys).
+
+    TimingProtocol  rounds, samples and warm-ups per unit per round, flush mode, timer name,
+                    and whether to measure the device's read bandwidth first
+    TimingBackend   the device pieces: timer strategy (chosen once), flush, sync, clocks,
+                    markers, the bandwidth probe; `cuda_backend` makes the real one, tests a fake
+    Measurement     samples, every kernel's audit, clocks, the declared kernels, bandwidth
+
+A unit that declares no kernels is audited against the kernel set most of its samples hold
+(moebench.bench's callables); the Measurement says which were inferred.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Callable, Sequence
+
+import torch
+
+from moebench.errors import UserError
+from moebench.results.schema import Audit, ClockSample, DeclaredKernel, GpuInfo, Sample
+from moebench.timing.audit import audited
+from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Unit, run_rounds
+from moebench.timing.flush import FLUSH_MODES, L2Flush
+from moebench.timing.metrics import TimedMetric
+from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER, RUN_TIMERS, TimerStrategy
+
+PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run's
+PROBE_SAMPLES = 20
+MAX_ROUNDS = 1_000
+MAX_SAMPLES = 100_000  # per unit per round: more is a typo, and the timer's buffers are sized by it
+Key = tuple[str, str]  # (shape, arm)
+
+
+@dataclass(frozen=True)
+class TimingProtocol:
+    rounds: int = 5
+    samples: int = 30  # per unit per round
+    warmup: int = 5  # per unit per round, untimed
+    flush: str = "read"
+    timer: str = DEFAULT_TIMER
+    measure_bandwidth: bool = True
+
+
+def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> None:
+    """User mistakes in a protocol, as UserError."""
+    if p.rounds < 1 or p.samples < 1 or p.warmup < 0:
+        raise UserError("--rounds and --samples must be at least 1, --warmup at least 0")
+    if p.rounds > MAX_ROUNDS or p.samples > MAX_SAMPLES or p.warmup > MAX_SAMPLES:
+        raise UserError(f"--rounds must be at most {MAX_ROUNDS:,}, --samples and --warmup at most {MAX_SAMPLES:,} "
+                        f"(per arm per round)")
+    if p.flush not in FLUSH_MODES:
+        raise UserError(f"unknown --flush {p.flush!r} (known: {', '.join(FLUSH_MODES)})")
+    if p.timer not in timers:
+        raise UserError(f"unknown --timer {p.timer!r} (known: {', '.join(timers)})")
+
+
+@dataclass
+class TimingBackend:
+    """Everything device-specific a measurement needs."""
+
+    device: torch.device
+    timer: TimerStrategy
+    flush: Callable[[], None]
+    flush_bytes: int
+    sync: Callable[[], None]
+    clocks: Callable[[int], ClockSample] | None = None
+    gpu: GpuInfo | None = None
+    markers: Markers = field(default_factory=NoMarkers)
+    probe: Callable[[], tuple[Unit, int]] | None = None  # a cold read: (unit, bytes read)
+
+
+def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
+    """The real backend: the current CUDA device, the protocol's timer, NVML clocks, NVTX."""
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA device visible: timing needs a GPU (see `moebench doctor`)")
+    from moebench.results.provenance import gpu_info
+    from moebench.timing.clocks import ClockSampler
+    from moebench.timing.engine import nvtx_markers_or_none
+
+    timer = CUDA_TIMERS[protocol.timer]()  # chosen once; fails fast, before fixtures and compiles
+    device = torch.device("cuda", torch.cuda.current_device())
+    clock = ClockSampler(uuid=str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or ""),
+                         index=device.index)
+    gpu = gpu_info(device, clock)
+    flush = L2Flush(protocol.flush, gpu.l2_bytes, device)
+    return TimingBackend(device=device, timer=timer, flush=flush, flush_bytes=flush.nbytes,
+                         sync=lambda: torch.cuda.synchronize(device), clocks=clock.sample, gpu=gpu,
+                         markers=nvtx_markers_or_none(), probe=lambda: read_probe(device, gpu.l2_bytes))
+
+
+def read_probe(device: torch.device, l2_bytes: int) -> tuple[Unit, int]:
+    """A cold read of a buffer far larger than L2 (1 GiB, or less if memory is short)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = min(2**30, max(16 * l2_bytes, 2**28), free // 4) // 4 * 4
+    buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    out = torch.zeros((), dtype=torch.float32, device=device)
+    return Unit("_probe", "read", run=lambda: torch.sum(buf, dim=0, out=out)), nbytes
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one measurement produced: every sample as its timer made it, the audit of each,
+    the clocks per round, and what each unit was audited against."""
+
+    protocol: TimingProtocol
+    timer: str
+    metric: TimedMetric
+    flush_bytes: int
+    samples: tuple[Sample, ...]
+    audit: Audit
+    clocks: tuple[ClockSample, ...]
+    declared: dict[Key, tuple[DeclaredKernel, ...]]
+    inferred: frozenset[Key]  # units whose kernels were inferred from their samples
+    read_bandwidth_bytes_per_s: float | None = None
+    timer_settings: dict = field(default_factory=dict)  # e.g. the CUPTI API filter, records seen
+
+    @property
+    def audited_samples(self) -> list[Sample]:
+        """The samples the audit passed: the only ones statistics are taken over."""
+        return audited(self.samples, self.audit)
+
+
+def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBackend, *,
+            on_unit_done: Callable[[int, Unit, int], None] | None = None,
+            on_round_done: Callable[[int, EngineOutput], None] | None = None) -> Measurement:
+    """Time `units` in paired rounds under `protocol` (the bandwidth probe first, by the same
+    timer), then audit every sample against its unit's declared kernels."""
+    timer = backend.timer
+    recorder = timer.open(max(len(units) * protocol.samples, PROBE_SAMPLES))
+    try:
+        bandwidth = _read_bandwidth(backend, recorder) if protocol.measure_bandwidth else None
+        out = run_rounds(units, EngineConfig(protocol.rounds, protocol.samples, protocol.warmup), recorder, timer,
+                         flush=backend.flush, sync=backend.sync, clocks=backend.clocks, markers=backend.markers,
+                         on_unit_done=on_unit_done, on_round_done=on_round_done)
+    finally:
+        recorder.close()
+    declared, inferred = _declared(units, out.samples)
+    audit = timer.audit(out.samples, declared, out.kernels, out.dropped_by_round)
+    return Measurement(protocol=protocol, timer=timer.name, metric=timer.metric, flush_bytes=backend.flush_bytes,
+                       samples=tuple(out.samples), audit=audit, clocks=tuple(out.clocks), declared=declared,
+                       inferred=inferred, read_bandwidth_bytes_per_s=bandwidth,
+                       timer_settings=timer.settings(recorder, out.api_records))
+
+
+def _declared(units: Sequence[Unit], samples: Sequence[Sample]) -> tuple[dict[Key, tuple], frozenset[Key]]:
+    declared, inferred = {}, set()
+    for u in units:
+        key = (u.shape, u.arm)
+        if u.kernels is not None:
+            declared[key] = tuple(u.kernels)
+        else:
+            declared[key] = inferred_kernels([s for s in samples if (s.shape, s.arm) == key])
+            inferred.add(key)
+    return declared, frozenset(inferred)
+
+
+def inferred_kernels(samples: Sequence[Sample]) -> tuple[DeclaredKernel, ...]:
+    """The kernel set most samples hold, as exact-name declarations. A unit that launched
+    nothing gets a declaration no sample meets, so the audit says so instead of passing."""
+    sets = Counter(tuple(sorted(k.name for k in s.kernels)) for s in samples)
+    common = sets.most_common(1)[0][0] if sets else ()
+    if not common:
+        return (DeclaredKernel("a kernel", r".", 1),)
+    return tuple(DeclaredKernel(name, f"^{re.escape(name)}$", n) for name, n in sorted(Counter(common).items()))
+
+
+def _read_bandwidth(backend: TimingBackend, recorder) -> float | None:
+    """Bytes/s of a cold read of a large buffer, timed by the run's own timer (median of the
+    samples the audit passed; None when fewer than half did)."""
+    if backend.probe is None or not backend.timer.keeps_samples:
+        return None
+    unit, nbytes = backend.probe()
+    timer = backend.timer
+    out = run_rounds([unit], EngineConfig(rounds=1, samples=PROBE_SAMPLES, warmup=3), recorder, timer,
+                     flush=backend.flush, sync=backend.sync, first_external_id=PROBE_ID_BASE)
+    declared, _ = _declared([unit], out.samples)
+    audit = timer.audit(out.samples, declared, out.kernels, out.dropped_by_round)
+    values = [s.value_ns for s in audited(out.samples, audit)]
+    if len(values) < PROBE_SAMPLES // 2 or not all(v > 0 for v in values):
+        return None
+    return nbytes / (median(values) * 1e-9)

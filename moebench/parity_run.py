@@ -1,0 +1,59 @@
+"""`moebench verify`'s work: arms run once on fresh inputs (not the timed fixture's) and
+compared with the oracle, on the GPU or, for Triton arms, the CPU interpreter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from moebench.errors import UserError
+from moebench.fixtures import ShapeRegistry, build_fixture
+from moebench.kernels.arm import default_arms
+from moebench.kernels.triton_arms import use_interpreter
+from moebench.kernels.verify import verify_arms
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    shapes: tuple[str, ...]
+    arms: tuple[str, ...] | None  # None: every built-in arm that can run here
+    options: dict
+    interpret: bool = False
+    seed: int | None = None
+    edge_cases: bool = False
+    threshold: float = 1e-2
+    balancedness: float = 0.8
+    shapes_file: str | None = None
+    max_fixture_gb: float = 16.0
+
+
+def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None) -> tuple[list, torch.device]:
+    """Every check's row (moebench.kernels.verify), and the device they ran on."""
+    registry = ShapeRegistry(max_fixture_gb=req.max_fixture_gb)
+    if req.shapes_file:
+        registry = registry.with_shapes_file(req.shapes_file)
+    specs = registry.resolve_many(list(req.shapes), balancedness=req.balancedness)
+    if not req.threshold > 0:
+        raise UserError(f"--threshold must be positive, got {req.threshold}")
+    if req.interpret:
+        use_interpreter(True)
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        raise UserError("no CUDA device here; --interpret runs the Triton kernels on the CPU")
+    names = list(req.arms) if req.arms is not None else None
+    if names is None:
+        names, skipped = default_arms(device, req.options)
+        if skipped:
+            log("arms left out: " + "; ".join(f"{n} ({why})" for n, why in skipped))
+        if not names:
+            raise UserError("no arm can run here")
+    rows = []
+    for spec in specs:
+        fx = build_fixture(spec).to(device)
+        rows += verify_arms(fx, names, options=req.options, seed=req.seed, with_edge_cases=req.edge_cases,
+                            threshold=req.threshold)
+    return rows, device

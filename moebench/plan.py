@@ -1,0 +1,141 @@
+"""The plan of a run: what to time (arms on fixtures) and how (the timing protocol).
+
+A RunRequest is what the user asked for, as the command line or a caller gives it. Planning
+checks it (user mistakes as UserError, before any GPU work), resolves this run's own arms
+beside the registry (builds `ARM@NAME`, variants, external `--arm`s) and yields:
+
+    arms          every arm by its label in the run, in the order odd rounds run them
+    ArmPlan       the factories of the run's own arms (a build, a variant, an external arm
+                  is an explicit input here, never a change to the registry)
+    protocol      rounds, samples, warm-up, flush, timer (moebench.measure.TimingProtocol)
+
+Preparing those arms on the request's fixtures is moebench.prepare's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from moebench.errors import UserError
+from moebench.fixtures import ShapeRegistry
+from moebench.kernels.arm import ArmFactory, default_arms, load_builtin_arms
+from moebench.kernels.builds import build_arm_factories, resolve_builds
+from moebench.kernels.external import external_arm_factories
+from moebench.measure import TimingProtocol, check_protocol
+from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
+from moebench.variants import parse_variant, variant_factory
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    shapes: tuple[str, ...]
+    arms: tuple[str, ...]
+    ref: str | None = None
+    rounds: int = 5
+    samples: int = 30
+    warmup: int = 5
+    flush: str = "read"
+    timer: str = DEFAULT_TIMER
+    out_dir: str = "results"
+    balancedness: float = 0.8
+    shapes_file: str | None = None
+    command: tuple[str, ...] = ()
+    measure_bandwidth: bool = True
+    arm_options: dict = field(default_factory=dict)  # e.g. {"triton_config": path}, to the arms that take them
+    builds: tuple[str, ...] = ()  # `--build NAME=PATH | NAME=git:REV[:PATH]`: arms ARM@NAME
+    build_arm: str | None = None  # the arm the builds are sources of, when the file name does not say
+    defines: tuple[str, ...] = ()  # `--define NAME:KEY=VALUE`, per build
+    external_arms: tuple[str, ...] = ()  # `--arm NAME=module:factory`
+    variants: tuple[str, ...] = ()  # `--variant NAME=ARM:KEY=VALUE,...`
+    build_host: str = "revision"  # git builds: the arm's host module at the revision, or this tree's
+    max_fixture_gb: float = 16.0  # shapes whose fixture takes more host memory to build are refused
+
+    @property
+    def ref_arm(self) -> str:
+        return self.ref or self.arms[0]
+
+    @property
+    def protocol(self) -> TimingProtocol:
+        return TimingProtocol(self.rounds, self.samples, self.warmup, self.flush, self.timer, self.measure_bandwidth)
+
+    @property
+    def names_own_arms(self) -> bool:
+        return bool(self.arms or self.builds or self.external_arms or self.variants)
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """This run's own arms beside the registry: builds (ARM@NAME), variants and external arms."""
+
+    factories: dict[str, ArmFactory] = field(default_factory=dict)
+    build_arms: tuple[str, ...] = ()
+    build_base: str | None = None  # the build the others' outputs are compared with
+
+
+def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
+    """Resolve `--build`, `--variant` and `--arm` (files read, revisions pinned, names checked)
+    and return the request with their arms appended to `arms` (unless named there already) and
+    a `--ref` that names a build mapped to its arm."""
+    builds = resolve_builds(req.builds, req.defines, req.build_arm, host=req.build_host)
+    factories = {**build_arm_factories(builds), **external_arm_factories(req.external_arms)}
+    known = {**load_builtin_arms(), **factories}
+    for spec in map(parse_variant, req.variants):
+        if spec.name in known:
+            raise UserError(f"--variant {spec.name}: the name of an arm already (choose another)")
+        factories[spec.name] = known[spec.name] = variant_factory(spec, known)
+    names = list(req.arms) + [n for n in factories if n not in req.arms]
+    by_build = {b.name: b.arm_name for b in builds}
+    ref = by_build.get(req.ref, req.ref) if req.ref not in names else req.ref
+    build_arms = tuple(b.arm_name for b in builds)
+    base = ref if ref in build_arms else (build_arms[0] if build_arms else None)
+    return replace(req, arms=tuple(names), ref=ref), ArmPlan(factories, build_arms, base)
+
+
+def validate(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
+    """User mistakes in the request, as UserError (before any GPU work)."""
+    if not req.arms:
+        raise UserError("no arm given: name them with --arms (or add --build / --variant / --arm)")
+    if not req.shapes:
+        raise UserError("no shape given")
+    if req.ref is not None and req.ref not in req.arms:
+        raise UserError(f"--ref {req.ref!r} is not one of the arms ({', '.join(req.arms)})")
+    check_protocol(req.protocol, timers)
+
+
+def resolve_specs(req: RunRequest):
+    """The request's shapes as fixture specs (unknown or oversized shapes are UserErrors)."""
+    registry = ShapeRegistry(max_fixture_gb=req.max_fixture_gb)
+    if req.shapes_file:
+        registry = registry.with_shapes_file(req.shapes_file)
+    return registry.resolve_many(list(req.shapes), balancedness=req.balancedness)
+
+
+def with_default_arms(req: RunRequest, device: torch.device, log: Callable[[str], None]) -> RunRequest:
+    """A request that names no arm (no --arms, --build, --variant or --arm) times every built-in
+    arm that can run on `device`; one line says which were left out and why."""
+    if req.names_own_arms:
+        return req
+    names, skipped = default_arms(device, req.arm_options)
+    if skipped:
+        log("arms left out: " + "; ".join(f"{n} ({why})" for n, why in skipped))
+    if not names:
+        raise UserError("no arm can run here: " + "; ".join(f"{n}: {why}" for n, why in skipped))
+    return replace(req, arms=tuple(names))
+
+
+def sweep_shapes(family: str, ms_text: str) -> tuple[str, ...]:
+    """`A` and `1,2,4` -> (`A1`, `A2`, `A4`); the run resolves and checks the names."""
+    family = family.strip()
+    if len(family) != 1 or not family.isalpha():
+        raise UserError(f"--family: expected one family letter like A or Q, got {family!r}")
+    items = [m.strip() for m in ms_text.split(",") if m.strip()]
+    if not items or not all(m.isdigit() and int(m) > 0 for m in items):
+        raise UserError(f"--m: expected positive token counts like 1,2,4,8, got {ms_text!r}")
+    ms = [int(m) for m in items]
+    dupes = sorted({m for m in ms if ms.count(m) > 1})
+    if dupes:
+        raise UserError(f"--m: M given twice: {', '.join(map(str, dupes))}")
+    return tuple(f"{family.upper()}{m}" for m in ms)
