@@ -9,6 +9,8 @@ Format history:
     ArmSummary.sum_median_ns and the headline gpu_busy (the union of a sample's kernel
     intervals; equal to gpu_sum in every file written before PDL arms, whose kernels never
     overlap).
+    RunResult.noise (later, defaulted to none): a measured noise floor per shape and arm, the
+    relative change that identical code shows between two prepared copies of itself.
 """
 
 from __future__ import annotations
@@ -273,6 +275,9 @@ class RunResult:
     ratios: tuple[RatioSummary, ...]
     format: str = FORMAT
     build_parity: tuple[BuildParity, ...] = ()
+    # {shape: {arm: floor}}: the |A/A - 1| an arm shows against a second prepared copy of itself
+    # (a fraction); `compare` widens its SAME band to it. Empty where the run measured none.
+    noise: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # --- plain data <-> records ------------------------------------------------------------
