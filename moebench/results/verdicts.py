@@ -185,4 +185,4 @@ def judge(ci: tuple[float, float], p: float, threshold: Threshold, rules: Rules,
             why += f"; rounds spread {spread:.1%}"
         return Verdict.NOISY, why + ": these runs cannot tell"
     edge = f"+{t:.1%}" if high > t else f"-{t:.1%}"
-    return Verdict.AMBIGUOUS, f"the {rules.ci_name} straddles {edge} ({threshold.source})"
+    return Verdict.AMBIGUOUS, f"the {rules.ci_name} straddles {edge}, an edge of the band {band}"
