@@ -55,7 +55,9 @@ class Rule(click.ParamType):
 @trust_stored_option
 def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, trust_stored):
     """Compare run B against run A, per shape and arm, from the audited samples of each: medians
-    with bootstrap intervals, a rank test, and a verdict with its reason."""
+    with bootstrap intervals, a rank test, and a verdict with its reason: faster or slower (the
+    change's interval lies beyond the band and the test agrees), same (within it), noisy (the
+    interval is wider than the band) or ambiguous (it straddles an edge of the band)."""
     base = Rules() if threshold is None else Rules(change=threshold)
     judged_by = parse_rules(rules, base)
     a, b = load_result(a_path, trust_stored), load_result(b_path, trust_stored)
