@@ -12,7 +12,7 @@ for the arm at the shape, the larger of the two:
                    test is not significant: a change near the threshold, or too few rows
 
 A false FASTER or SLOWER needs both the interval to miss the truth and the test to reject,
-so at no true change it is rarer than the test's level `p` and than (1 - ci) / 2.
+so at no true change its rate is at most the smaller of the test's level `p` and (1 - ci) / 2.
 """
 
 from __future__ import annotations
