@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from moebench.errors import UserError
-from moebench.results.compare import Thresholds, Verdict, compare_results, judge
+from moebench.results.compare import Rules, Verdict, compare_results
+from moebench.results.verdicts import parse_rules
 from moebench.results.store import load, save
 from result_factory import make_result, run_cli, with_schema_version
 
@@ -31,30 +32,6 @@ def saved(tmp_path):
     def save_as(name, result):
         return str(save(result, tmp_path / name))
     return save_as
-
-
-# --- the judgement ---------------------------------------------------------------------
-
-@pytest.mark.parametrize("slowdown, spread, expected", [
-    (0.0, 0.005, Verdict.SAME),
-    (0.019, 0.005, Verdict.SAME),
-    (0.021, 0.005, Verdict.SLOWER),
-    (-0.05, 0.005, Verdict.FASTER),
-    (0.03, 0.06, Verdict.NOISY),     # the change lies inside the rounds' spread
-    (-0.01, 0.06, Verdict.NOISY),    # so does "no change": it cannot be called the same either
-    (0.10, 0.06, Verdict.SLOWER),    # a change larger than the spread is still a change
-])
-def test_judge(slowdown, spread, expected):
-    verdict, why = judge(slowdown, spread, Thresholds(0.02))
-    assert verdict is expected
-    assert why
-
-
-def test_thresholds_spread_limit_defaults_to_the_change_threshold():
-    assert Thresholds(0.05).spread_limit == 0.05
-    assert Thresholds(0.05, max_spread=0.1).spread_limit == 0.1
-    with pytest.raises(UserError):
-        Thresholds(1.5)
 
 
 # --- pairs of results ------------------------------------------------------------------
@@ -106,7 +83,7 @@ def test_noisy_rounds_cannot_call_a_small_change(base):
 
 def test_a_wider_threshold_turns_slower_into_same(base):
     slow = make_result(seed=3, scale={"cuda-fused": 1.10})
-    assert not compare_results(base, slow, Thresholds(0.15)).regressions
+    assert not compare_results(base, slow, Rules(change=0.15)).regressions
 
 
 def test_notes_say_the_runs_are_not_paired_and_what_differs(base):
@@ -272,12 +249,152 @@ def slowed_run(result, arm: str, factor: float):
     ids=lambda p: getattr(p, "name", "none"))
 def test_committed_result_against_itself_and_a_constructed_regression(path, tmp_path):
     result = load(path)
-    # Against itself nothing is faster or slower; an arm whose rounds spread past the
-    # threshold (a real run can) is called noisy rather than the same.
+    # Against itself nothing is faster or slower; an arm whose rounds spread (a real run can)
+    # has an interval too wide for the band, or reaching its edge: noisy or ambiguous.
     self_verdicts = set(verdicts(compare_results(result, result)).values())
-    assert self_verdicts <= {Verdict.SAME, Verdict.NOISY} and Verdict.SAME in self_verdicts
+    assert self_verdicts <= {Verdict.SAME, Verdict.NOISY, Verdict.AMBIGUOUS} and Verdict.SAME in self_verdicts
     slow_arm = result.settings.arms[-1]
     slow_path = save(slowed_run(result, slow_arm, 1.10), tmp_path / "slowed.json")
     code, out, err = run_cli(["compare", str(path), str(slow_path), "--fail-on-regression"])
     assert code == 1
     assert f"/{slow_arm} +10.0%" in err
+
+
+# --- audited samples only, and the gate ----------------------------------------------------
+
+def with_rejected(result, arm: str, factor: float, rounds=(2,)):
+    """`result` with `arm`'s samples in `rounds` taken `factor` times as long and rejected by
+    the audit, as a run whose stray kernels landed in those samples would save them."""
+    from moebench.results.schema import Audit, AuditFinding
+    slowed = slowed_run(result, arm, factor)
+    samples = tuple(s if s.arm != arm or s.round not in rounds else t
+                    for s, t in zip(result.samples, slowed.samples))
+    findings = tuple(AuditFinding(s.shape, s.arm, s.round, s.index, "foreign kernel inside the sample's window")
+                     for s in samples if s.arm == arm and s.round in rounds)
+    audit = Audit(samples_total=len(samples), samples_passed=len(samples) - len(findings), dropped_records=0,
+                  findings=findings)
+    return replace(result, samples=samples, audit=audit)
+
+
+def test_samples_the_audit_rejected_do_not_enter(base):
+    bad = with_rejected(make_result(seed=9), "cuda-fused", 3.0)
+    c = compare_results(base, bad, a_label="a", b_label="b")
+    fused = [a for a in c.arms if a.arm == "cuda-fused"]
+    assert all(a.verdict is Verdict.SAME for a in fused)  # the 3x samples were rejected
+    assert all(a.b_samples == 4 * 8 for a in fused) and all(a.a_samples == 5 * 8 for a in fused)
+    assert any("b: audit failed" in n and "left out of every statistic" in n for n in c.notes)
+    # Counted, the rejected round would have moved the arm's interval.
+    trusted = compare_results(base, replace(bad, audit=replace(bad.audit, findings=(),
+                                                               samples_passed=bad.audit.samples_total)))
+    assert {a.verdict for a in trusted.arms if a.arm == "cuda-fused"} != {Verdict.SAME}
+
+
+def test_a_run_with_audit_failures_closes_the_gate(base, saved):
+    from moebench.results.compare import gate
+    bad = with_rejected(make_result(seed=9), "cuda-fused", 1.0)  # samples unchanged, findings recorded
+    c = compare_results(base, bad, a_label="a.json", b_label="b.json")
+    assert not c.regressions
+    assert gate(c).startswith("regression gate closed: b.json failed its audit (")
+    assert gate(compare_results(base, make_result(seed=9))) is None
+    a, b = saved("a.json", base), saved("b.json", bad)
+    for argv in (["compare", a, b, "--fail-on-regression"], ["compare", b, a, "--fail-on-regression"]):
+        code, out, err = run_cli(argv)
+        assert code == 1
+        assert len(err.strip().splitlines()) == 1
+        assert "b.json failed its audit" in err and "cannot pass" in err
+    code, out, err = run_cli(["compare", a, b])
+    assert code == 0 and "audit failed" in out
+
+
+# --- the noise floor ----------------------------------------------------------------------
+
+def test_a_measured_noise_floor_widens_the_band(base):
+    slow = make_result(seed=3, scale={"cuda-fused": 1.03})
+    plain = verdicts(compare_results(base, slow))
+    assert plain[("A8", "cuda-fused")] is Verdict.SLOWER
+    floored = replace(slow, noise={"A8": {"cuda-fused": 0.05}})
+    c = compare_results(base, floored, a_label="a", b_label="b")
+    arm = next(x for x in c.arms if (x.shape, x.arm) == ("A8", "cuda-fused"))
+    assert arm.verdict is Verdict.SAME and arm.threshold == 0.05
+    assert "±5.0% (measured noise floor of b; the rule's is 2.0%)" in arm.reason
+    other = next(x for x in c.arms if (x.shape, x.arm) == ("A128", "cuda-fused"))
+    assert other.verdict is Verdict.SLOWER and other.threshold_source == "rule"
+    ignored = compare_results(base, floored, parse_rules(["floor:ignore"]))
+    assert verdicts(ignored)[("A8", "cuda-fused")] is Verdict.SLOWER
+    with pytest.raises(UserError, match="floor:require: A carries no measured noise floor for triton at A8"):
+        compare_results(base, floored, parse_rules(["floor:require"]))
+
+
+def test_noise_floor_round_trips_and_older_files_read_without_one(base, tmp_path):
+    path = save(replace(base, noise={"A8": {"cuda-fused": 0.013}}), tmp_path / "n.json")
+    assert load(path).noise == {"A8": {"cuda-fused": 0.013}}
+    data = json.loads(Path(path).read_text())
+    del data["noise"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load(tmp_path / "old.json").noise == {}
+
+
+def test_a_damaged_noise_floor_is_refused(base):
+    with pytest.raises(UserError, match="noise floor of 1.5 at A8 is not a fraction"):
+        compare_results(base, replace(base, noise={"A8": {"cuda-fused": 1.5}}))
+
+
+# --- rules on the command line, and the views ----------------------------------------------
+
+def test_cli_rules(base, saved):
+    a, b = saved("a.json", base), saved("slow.json", make_result(seed=3, scale={"cuda-fused": 1.03}))
+    code, out, err = run_cli(["compare", a, b, "--fail-on-regression"])
+    assert code == 1 and "A8/cuda-fused +3" in err
+    code, out, err = run_cli(["compare", a, b, "--fail-on-regression", "--rule", "median:5%"])
+    assert code == 0, err
+    code, out, err = run_cli(["compare", a, b, "--rule", "median:5%,ci:99", "--format", "json"])
+    assert json.loads(out)["rules"] == {"change": 0.05, "confidence": 0.99, "alpha": 0.05, "floor": "measured",
+                                        "test": "rows"}
+
+
+@pytest.mark.parametrize("rule, message", [("median:abc", "is not a percentage"), ("bogus:1", "unknown key"),
+                                           ("ci:100", "below 100"), ("floor", "KEY:VALUE")])
+def test_cli_bad_rule_is_one_line(base, saved, rule, message):
+    a = saved("a.json", base)
+    code, out, err = run_cli(["compare", a, a, "--rule", rule])
+    assert code == 2
+    line = one_error_line(err)
+    assert "--rule" in line and message in line
+
+
+def test_views_show_interval_p_and_reason(base, saved):
+    a, b = saved("a.json", base), saved("slow.json", make_result(seed=3, scale={"cuda-fused": 1.10}))
+    c = compare_results(load(a), load(b))
+    arm = c.regressions[0]
+    code, out, err = run_cli(["compare", a, b, "--format", "markdown"])
+    row = next(line for line in out.splitlines() if line.startswith(f"| {arm.shape} | `cuda-fused` |"))
+    cells = [x.strip() for x in row.strip("|").split("|")]
+    assert cells[2] == f"{arm.a_median_ns / 1e3:,.2f} [{arm.a_ci_ns[0] / 1e3:,.2f}, {arm.a_ci_ns[1] / 1e3:,.2f}]"
+    assert cells[4].startswith(f"{arm.change:+.1%} [") and cells[5] == f"{arm.p_value:.2g}"
+    assert cells[6] == "**slower**" and cells[7].startswith("beyond ±2.0% (rule); p=")
+    assert "rules median:2% ci:95 p:0.05 floor:measured test:rows" in out and "bootstrap" in out
+    code, out, err = run_cli(["compare", a, b])
+    assert "slower" in out and "beyond ±2.0%" in out and "95% CI" in out
+    for x in c.arms:
+        assert x.a_ci_ns[0] <= x.a_median_ns <= x.a_ci_ns[1] and x.change_ci[0] <= x.change <= x.change_ci[1]
+        assert 0 < x.p_value <= 1
+
+
+COMMITTED_PAIR = [ROOT / "results" / "h200" / name for name in
+                  ("all-arms-before-fused-split.json.gz", "all-arms-after-fused-split.json.gz")]
+
+
+@pytest.mark.skipif(not all(p.exists() for p in COMMITTED_PAIR), reason="committed H200 pair not present")
+def test_committed_gz_pair_end_to_end(tmp_path):
+    a, b = (str(p) for p in COMMITTED_PAIR)
+    code, out, err = run_cli(["compare", a, b, "--fail-on-regression", "--format", "json"])
+    data = json.loads(out)
+    slower = [x for x in data["arms"] if x["verdict"] == "slower"]
+    assert (code == 1) == bool(slower), err
+    assert {x["verdict"] for x in data["arms"]} <= {v.value for v in Verdict}
+    assert all(x["a_samples"] == 150 and x["b_samples"] == 150 for x in data["arms"])  # 5 rounds x 30, all audited
+    slow_path = save(slowed_run(load(b), "cuda-fused", 1.10), tmp_path / "after-slowed.json.gz")
+    code, out, err = run_cli(["compare", a, str(slow_path), "--fail-on-regression"])
+    assert code == 1 and err.startswith("moebench: regression: ")
+    for shape in ("A8", "A128", "Q8", "Q128"):
+        assert f"{shape}/cuda-fused +" in err

@@ -48,8 +48,16 @@ def test_compare_refuses_a_zero_median_in_one_line(tmp_path):
     pa, pb = save(a, tmp_path / "a.json"), save(damaged, tmp_path / "b.json")
     code, out, err = run_cli(["compare", str(pa), str(pb)])
     assert code == 2 and "disagrees with its own samples" in err and err.strip().count("\n") == 0
+    # Read as stored, the damaged median is never used: compare judges the samples.
     code, out, err = run_cli(["compare", str(pa), str(pb), "--trust-stored"])
-    assert code == 2 and "warning" in err and "is not a time" in err
+    assert code == 0 and "warning" in err and "same" in out
+    # A sample that is no time is refused in one line.
+    s0 = a.samples[0]
+    zero = replace(a, samples=(replace(s0, kernels=tuple(replace(k, end_ns=k.start_ns) for k in s0.kernels)),
+                               *a.samples[1:]))
+    pz = save(zero, tmp_path / "z.json")
+    code, out, err = run_cli(["compare", str(pa), str(pz), "--trust-stored"])
+    assert code == 2 and "is not a time" in err and err.strip().count("\n") == 1  # the warning, the error
 
 
 def _mutations():

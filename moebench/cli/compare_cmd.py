@@ -1,4 +1,5 @@
-"""`moebench compare A.json B.json`: per shape and arm, is B faster, slower, the same or noisy?"""
+"""`moebench compare A.json B.json`: per shape and arm, is B faster, slower, the same, noisy or
+ambiguous, by the rules given?"""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import click
 
 from moebench.cli import cli
 from moebench.cli.common import load_result, trust_stored_option
-from moebench.results.compare import Thresholds, compare_results
+from moebench.errors import UserError
+from moebench.results.compare import compare_results, gate
 from moebench.results.compare_view import COMPARE_FORMATS
+from moebench.results.verdicts import RULES_HELP, Rules, parse_fraction, parse_rules
 
 
 class Fraction(click.ParamType):
@@ -21,38 +24,50 @@ class Fraction(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, float):
             return value
-        text = str(value).strip()
         try:
-            number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-        except ValueError:
-            self.fail(f"{value!r} is not a percentage like 2% or a fraction like 0.02", param, ctx)
-        if not text.endswith("%") and number >= 1:
-            self.fail(f"{value!r} is ambiguous: write {text}% or {number / 100:g}", param, ctx)
-        if not 0 < number < 1:
-            self.fail(f"{value!r} must be between 0% and 100%", param, ctx)
-        return number
+            return parse_fraction(str(value))
+        except UserError as err:
+            self.fail(str(err), param, ctx)
+
+
+class Rule(click.ParamType):
+    """One or more `KEY:VALUE` verdict rules, checked as they are read."""
+
+    name = "rule"
+
+    def convert(self, value, param, ctx):
+        try:
+            parse_rules([value])
+        except UserError as err:
+            self.fail(str(err), param, ctx)
+        return value
 
 
 @cli.command()
 @click.argument("a_path", metavar="A.json", type=click.Path(dir_okay=False))
 @click.argument("b_path", metavar="B.json", type=click.Path(dir_okay=False))
-@click.option("--threshold", type=Fraction(), default="2%", show_default=True,
-              help="A median change beyond this is faster or slower.")
-@click.option("--max-spread", type=Fraction(), default=None,
-              help="Round-to-round spread above which a change inside it is 'noisy' [default: the threshold].")
-@click.option("--fail-on-regression", is_flag=True, help="Exit 1 if any arm got slower.")
+@click.option("--rule", "rules", type=Rule(), multiple=True, metavar="KEY:VALUE", help=RULES_HELP)
+@click.option("--threshold", type=Fraction(), default=None,
+              help="The same as --rule median:X [default: 2%].")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit 1 if any arm got slower, or if either run has audit failures.")
 @click.option("--format", "fmt", type=click.Choice(list(COMPARE_FORMATS)), default="table", show_default=True)
 @trust_stored_option
-def compare(a_path, b_path, threshold, max_spread, fail_on_regression, fmt, trust_stored):
-    """Compare run B against run A, per shape and arm, with a verdict and its reason."""
+def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, trust_stored):
+    """Compare run B against run A, per shape and arm, from the audited samples of each: medians
+    with bootstrap intervals, a rank test, and a verdict with its reason: faster or slower (the
+    change's interval lies beyond the band and the test agrees), same (within it), noisy (the
+    interval is wider than the band) or ambiguous (it straddles an edge of the band)."""
+    base = Rules() if threshold is None else Rules(change=threshold)
+    judged_by = parse_rules(rules, base)
     a, b = load_result(a_path, trust_stored), load_result(b_path, trust_stored)
     a_label, b_label = Path(a_path).name, Path(b_path).name
     if a_label == b_label:
         a_label, b_label = a_path, b_path
-    comparison = compare_results(a, b, Thresholds(threshold, max_spread), a_label, b_label)
+    comparison = compare_results(a, b, judged_by, a_label, b_label)
     COMPARE_FORMATS[fmt](comparison, sys.stdout)
-    if fail_on_regression and comparison.regressions:
-        slower = ", ".join(f"{r.shape}/{r.arm} {r.change:+.1%}" for r in comparison.regressions)
-        click.echo(f"moebench: regression: {slower}", err=True)
+    closed = gate(comparison) if fail_on_regression else None
+    if closed:
+        click.echo(f"moebench: {closed}", err=True)
         return 1
     return 0

@@ -1,62 +1,58 @@
-"""Compare two saved runs: per shape and arm, is B faster, slower, the same, or too noisy
-to say, than A?
+"""Compare two saved runs: per shape and arm, is B faster, slower, the same, too noisy to say,
+or too close to the threshold to say, than A?
 
-Method. For each (shape, arm) in both runs, the change is B's arm median over A's, minus
-one. A change beyond `Thresholds.change` is a verdict (faster or slower), unless the
-rounds of either run spread more than `Thresholds.max_spread` (range of the row medians
-over their median) and the change is no larger than that spread: then it is noisy. Two
-separate runs are not paired: drift between them (clocks, temperature, neighbours) is
-not cancelled, so the within-run ratios against the reference, which are paired, are
-compared too when both runs have them, as supporting evidence.
+Method. Everything is computed again from the raw samples each file holds, and only from
+those the audit passed; the stored medians are not read. For each (shape, arm) in both runs
+the change is B's duration over A's, minus one, where a duration is the median of the round
+medians. Its interval is the quotient of two independent two-level bootstraps (the runs are
+separate: their samples are independent), and its p-value is a rank test between the runs'
+rows. The verdict reads both against the rules (moebench.results.verdicts): the rule's
+threshold, widened to a measured noise floor where a run carries one.
+
+Separate runs are not paired: drift between them (clocks, temperature, neighbours) is not
+cancelled. The within-run ratios against the reference are paired by round, so they are
+compared too when both runs have them, with intervals from a bootstrap that keeps each
+round's two arms together.
 
 A regression is an arm time that got slower; ratios alone never make one (a faster
-reference lowers every ratio without any arm getting slower).
+reference lowers every ratio without any arm getting slower). A run with audit failures
+cannot pass the regression gate, whatever its verdicts.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from moebench import significance as sig
 from moebench.errors import UserError
 from moebench.results.index import ResultIndex
-from moebench.results.schema import ArmSummary, RatioSummary, RunResult
+from moebench.results.schema import RunResult
+from moebench.results.verdicts import Rules, Threshold, Verdict, judge, threshold_for
 
-
-class Verdict(str, enum.Enum):
-    FASTER = "faster"
-    SLOWER = "slower"
-    SAME = "same"
-    NOISY = "noisy"
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    change: float = 0.02  # |B/A - 1| beyond this is a change
-    max_spread: float | None = None  # rounds may spread this much (None: same as `change`)
-
-    def __post_init__(self):
-        if not 0 < self.change < 1:
-            raise UserError(f"threshold must be between 0% and 100%, got {self.change:.1%}")
-        if self.max_spread is not None and not 0 < self.max_spread < 1:
-            raise UserError(f"max spread must be between 0% and 100%, got {self.max_spread:.1%}")
-
-    @property
-    def spread_limit(self) -> float:
-        return self.change if self.max_spread is None else self.max_spread
+__all__ = ["ArmComparison", "Comparison", "RatioComparison", "Rules", "Verdict", "compare_results", "gate"]
 
 
 @dataclass(frozen=True)
 class ArmComparison:
-    """One arm at one shape: medians of A and B, and the verdict on B."""
+    """One arm at one shape: A's and B's durations with their intervals, and the verdict on B."""
 
     shape: str
     arm: str
     a_median_ns: float
     b_median_ns: float
+    a_ci_ns: tuple[float, float]
+    b_ci_ns: tuple[float, float]
     change: float  # B / A - 1; > 0: B is slower
+    change_ci: tuple[float, float]
+    p_value: float
     a_spread: float  # (max row - min row) / median, in A
     b_spread: float
+    a_samples: int  # audited samples that entered
+    b_samples: int
+    threshold: float  # the SAME band's half-width used
+    threshold_source: str
     verdict: Verdict
     reason: str
     identity_changed: tuple[str, ...] = ()  # build-identity keys that differ between A and B
@@ -71,9 +67,13 @@ class RatioComparison:
     arm: str
     a_median: float
     b_median: float
+    a_ci: tuple[float, float]
+    b_ci: tuple[float, float]
     change: float  # B / A - 1; > 0: the arm gained on the reference
-    a_spread: float  # (high - low) / median, in A
-    b_spread: float
+    change_ci: tuple[float, float]
+    p_value: float
+    threshold: float
+    threshold_source: str
     verdict: Verdict  # for the arm, relative to the reference
     reason: str
 
@@ -82,38 +82,45 @@ class RatioComparison:
 class Comparison:
     a_label: str
     b_label: str
-    thresholds: Thresholds
+    rules: Rules
     arms: tuple[ArmComparison, ...]
     ratios: tuple[RatioComparison, ...]
     notes: tuple[str, ...] = field(default=())
+    audit_failures: tuple[str, ...] = ()  # one line per run whose audit failed
 
     @property
     def regressions(self) -> tuple[ArmComparison, ...]:
         return tuple(c for c in self.arms if c.verdict is Verdict.SLOWER)
 
 
-def row_spread(s: ArmSummary) -> float:
-    return (max(s.row_medians_ns) - min(s.row_medians_ns)) / s.median_ns if s.row_medians_ns else 0.0
+def gate(c: Comparison) -> str | None:
+    """Why the regression gate fails, in one line, or None when it passes. Audit failures
+    close it before any verdict is read: a verdict on untrusted samples proves nothing."""
+    if c.audit_failures:
+        return f"regression gate closed: {'; '.join(c.audit_failures)}; a run with audit failures cannot pass"
+    if c.regressions:
+        return "regression: " + ", ".join(f"{r.shape}/{r.arm} {r.change:+.1%}" for r in c.regressions)
+    return None
 
 
-def ratio_spread(r: RatioSummary) -> float:
-    return (r.high - r.low) / r.median
+def _spread(row_values: np.ndarray) -> float:
+    return float((row_values.max() - row_values.min()) / np.median(row_values))
 
 
-def judge(slowdown: float, spread: float, t: Thresholds) -> tuple[Verdict, str]:
-    """Verdict on a relative slowdown (> 0: slower) given the larger of the two runs'
-    spreads, and why, in words that follow the change itself."""
-    if spread > t.spread_limit and abs(slowdown) <= spread:
-        return Verdict.NOISY, f"rounds spread {spread:.1%} (> {t.spread_limit:.1%}), the change is within it"
-    if abs(slowdown) <= t.change:
-        return Verdict.SAME, f"within ±{t.change:.1%}, rounds spread {spread:.1%}"
-    why = f"beyond ±{t.change:.1%}"
-    if spread > t.spread_limit:
-        why += f" and the rounds' {spread:.1%} spread"
-    return (Verdict.SLOWER if slowdown > 0 else Verdict.FASTER), why
+def _floor(result: RunResult, shape: str, *arms: str) -> float | None:
+    values = [result.noise.get(shape, {}).get(arm) for arm in arms]
+    values = [v for v in values if v is not None]
+    for v in values:
+        if not 0 <= v < 1:
+            raise UserError(f"a noise floor of {v:g} at {shape} is not a fraction (is the file damaged?)")
+    return max(values) if values else None
 
 
-def compare_results(a: RunResult, b: RunResult, thresholds: Thresholds = Thresholds(),
+def _range(low: float, high: float, fmt: str) -> str:
+    return f"{low:{fmt}} … {high:{fmt}}"
+
+
+def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
                     a_label: str = "A", b_label: str = "B") -> Comparison:
     """Compare B against A. Refuses (UserError) runs of different schema versions, runs
     that timed different fixtures under one shape name, and runs with nothing in common."""
@@ -121,47 +128,102 @@ def compare_results(a: RunResult, b: RunResult, thresholds: Thresholds = Thresho
         raise UserError(f"{a_label} has schema_version {a.schema_version} and {b_label} "
                         f"{b.schema_version}: cannot compare across result formats")
     ia, ib = ResultIndex(a), ResultIndex(b)
-    shapes = [s for s in ia.shapes if s in ib.shapes]
+    shapes = [s for s in a.settings.shapes if s in b.settings.shapes]
     for shape in shapes:
         fa, fb = ia.fixture(shape), ib.fixture(shape)
         if fa is not None and fb is not None and fa.fingerprint != fb.fingerprint:
             raise UserError(f"{a_label} and {b_label} timed different inputs at {shape}: fixture "
                             f"fingerprints {fa.fingerprint[:12]}… and {fb.fingerprint[:12]}… differ")
-
+    ua, ub = _units(a, a_label), _units(b, b_label)
     arms, ratios = [], []
     for shape in shapes:
-        for arm in ia.arms_at(shape):
-            sa, sb = ia.summary(shape, arm), ib.summary(shape, arm)
-            if sb is None:
-                continue
-            if not (sa.median_ns > 0 and sb.median_ns > 0):
-                raise UserError(f"{arm} at {shape}: a median of {sa.median_ns:g} ns in {a_label} or "
-                                f"{sb.median_ns:g} ns in {b_label} is not a time (is the file damaged?)")
-            slowdown = sb.median_ns / sa.median_ns - 1
-            spread_a, spread_b = row_spread(sa), row_spread(sb)
-            verdict, why = judge(slowdown, max(spread_a, spread_b), thresholds)
-            reason = f"{sa.median_ns / 1e3:,.2f} → {sb.median_ns / 1e3:,.2f} µs ({slowdown:+.1%}): {why}"
-            arms.append(ArmComparison(shape, arm, sa.median_ns, sb.median_ns, slowdown, spread_a, spread_b,
-                                      verdict, reason, _identity_changes(ia, ib, shape, arm)))
-        for arm in ia.compared_arms(shape):
-            ra, rb = ia.ratio(shape, arm), ib.ratio(shape, arm)
-            if rb is None or ra.ref != rb.ref:
-                continue
-            if not (ra.median > 0 and rb.median > 0):
-                raise UserError(f"{arm} / {ra.ref} at {shape}: a ratio of {ra.median:g} or {rb.median:g} is not "
-                                f"a ratio (is the file damaged?)")
-            gain = rb.median / ra.median - 1
-            spread_a, spread_b = ratio_spread(ra), ratio_spread(rb)
-            # A falling ratio is the arm slowing against the reference.
-            verdict, why = judge(ra.median / rb.median - 1, max(spread_a, spread_b), thresholds)
-            reason = f"{ra.median:.3f}× → {rb.median:.3f}× ({gain:+.1%}): {why}"
-            ratios.append(RatioComparison(shape, ra.ref, arm, ra.median, rb.median, gain, spread_a,
-                                          spread_b, verdict, reason))
+        for arm in a.settings.arms:
+            if (shape, arm) in ua and (shape, arm) in ub:
+                arms.append(_compare_arm(ia, ib, ua, ub, shape, arm, rules, a_label, b_label))
+        ref = a.settings.ref
+        if ref != b.settings.ref:
+            continue
+        for arm in a.settings.arms:
+            if arm != ref:
+                r = _compare_ratio(a, b, ua, ub, shape, ref, arm, rules, a_label, b_label)
+                if r is not None:
+                    ratios.append(r)
     if not arms:
-        raise UserError(f"{a_label} and {b_label} have no shape and arm in common "
-                        f"({', '.join(ia.shapes)} vs {', '.join(ib.shapes)})")
-    return Comparison(a_label, b_label, thresholds, tuple(arms), tuple(ratios),
-                      _notes(ia, ib, a_label, b_label))
+        raise UserError(f"{a_label} and {b_label} have no shape and arm in common with audited samples "
+                        f"({', '.join(a.settings.shapes)} vs {', '.join(b.settings.shapes)})")
+    failures = tuple(f"{name} failed its audit ({r.audit.samples_passed}/{r.audit.samples_total} samples "
+                     f"passed, {r.audit.dropped_records} records dropped)"
+                     for name, r in ((a_label, a), (b_label, b)) if not r.audit.passed)
+    return Comparison(a_label, b_label, rules, tuple(arms), tuple(ratios),
+                      _notes(ia, ib, ua, ub, rules, a_label, b_label), failures)
+
+
+Units = dict[tuple[str, str], dict[int, np.ndarray]]
+
+
+def _units(result: RunResult, label: str) -> Units:
+    units = sig.rounds_of(sig.audited_samples(result))
+    for (shape, arm), by_round in units.items():
+        if any((v <= 0).any() for v in by_round.values()):
+            raise UserError(f"{arm} at {shape} in {label}: a sample of 0 ns or less is not a time "
+                            "(is the file damaged?)")
+    return units
+
+
+def _compare_arm(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, shape: str, arm: str,
+                 rules: Rules, a_label: str, b_label: str) -> ArmComparison:
+    ra, rb = list(ua[(shape, arm)].values()), list(ub[(shape, arm)].values())
+    ma, mb = sig.rows_median(ra), sig.rows_median(rb)
+    boot_a = sig.bootstrap_median(ra, sig.generator(shape, arm, "A"))
+    boot_b = sig.bootstrap_median(rb, sig.generator(shape, arm, "B"))
+    change = mb / ma - 1
+    change_ci = sig.interval(boot_b / boot_a - 1, rules.confidence)
+    xa, xb = (sig.rows(ra), sig.rows(rb)) if rules.test == "rows" else (np.concatenate(ra), np.concatenate(rb))
+    p = sig.rank_test_p(xa, xb)
+    spread_a, spread_b = _spread(sig.rows(ra)), _spread(sig.rows(rb))
+    threshold = threshold_for(rules, {a_label: _floor(ia.result, shape, arm), b_label: _floor(ib.result, shape, arm)},
+                              f"{arm} at {shape}")
+    verdict, why = judge(change_ci, p, threshold, rules, max(spread_a, spread_b))
+    reason = (f"{ma / 1e3:,.2f} → {mb / 1e3:,.2f} µs ({change:+.1%}, {rules.ci_name} "
+              f"{_range(*change_ci, '+.1%')}, p={p:.2g}): {why}")
+    return ArmComparison(shape, arm, ma, mb, sig.interval(boot_a, rules.confidence),
+                         sig.interval(boot_b, rules.confidence), change, change_ci, p, spread_a, spread_b,
+                         sum(len(v) for v in ra), sum(len(v) for v in rb), threshold.value, threshold.source,
+                         verdict, reason, _identity_changes(ia, ib, shape, arm))
+
+
+def _paired(units: Units, shape: str, ref: str, arm: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    if (shape, ref) not in units or (shape, arm) not in units:
+        return None
+    ref_rounds, arm_rounds = units[(shape, ref)], units[(shape, arm)]
+    shared = [r for r in ref_rounds if r in arm_rounds]
+    if not shared:
+        return None
+    return [ref_rounds[r] for r in shared], [arm_rounds[r] for r in shared]
+
+
+def _compare_ratio(a: RunResult, b: RunResult, ua: Units, ub: Units, shape: str, ref: str, arm: str,
+                   rules: Rules, a_label: str, b_label: str) -> RatioComparison | None:
+    pa, pb = _paired(ua, shape, ref, arm), _paired(ub, shape, ref, arm)
+    if pa is None or pb is None:
+        return None
+    ma, mb = sig.paired_ratio(*pa), sig.paired_ratio(*pb)
+    boot_a = sig.bootstrap_paired_ratio(*pa, sig.generator(shape, ref, arm, "A"))
+    boot_b = sig.bootstrap_paired_ratio(*pb, sig.generator(shape, ref, arm, "B"))
+    gain = mb / ma - 1
+    gain_ci = sig.interval(boot_b / boot_a - 1, rules.confidence)
+    per_round_a, per_round_b = sig.rows(pa[0]) / sig.rows(pa[1]), sig.rows(pb[0]) / sig.rows(pb[1])
+    p = sig.rank_test_p(per_round_a, per_round_b)
+    threshold = threshold_for(rules, {a_label: _floor(a, shape, ref, arm), b_label: _floor(b, shape, ref, arm)},
+                              f"{arm} / {ref} at {shape}")
+    spread = max(_spread(per_round_a), _spread(per_round_b))
+    # A falling ratio is the arm slowing against the reference.
+    verdict, why = judge(gain_ci, p, threshold, rules, spread, rising_is_slower=False)
+    reason = (f"{ma:.3f}× → {mb:.3f}× ({gain:+.1%}, {rules.ci_name} {_range(*gain_ci, '+.1%')}, "
+              f"p={p:.2g}): {why}")
+    return RatioComparison(shape, ref, arm, ma, mb, sig.interval(boot_a, rules.confidence),
+                           sig.interval(boot_b, rules.confidence), gain, gain_ci, p, threshold.value,
+                           threshold.source, verdict, reason)
 
 
 def _identity_changes(ia: ResultIndex, ib: ResultIndex, shape: str, arm: str) -> tuple[str, ...]:
@@ -175,7 +237,8 @@ def _identity_changes(ia: ResultIndex, ib: ResultIndex, shape: str, arm: str) ->
 SETTINGS_TO_MATCH = ("timer", "flush", "flush_bytes", "rounds", "samples", "warmup", "balancedness", "ref")
 
 
-def _notes(ia: ResultIndex, ib: ResultIndex, a_label: str, b_label: str) -> tuple[str, ...]:
+def _notes(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, rules: Rules,
+           a_label: str, b_label: str) -> tuple[str, ...]:
     notes = [f"{a_label} and {b_label} are separate runs: their rounds are not paired, so drift "
              "between the runs is not cancelled in the times; the ratios are paired within each run."]
     for name in SETTINGS_TO_MATCH:
@@ -190,15 +253,19 @@ def _notes(ia: ResultIndex, ib: ResultIndex, a_label: str, b_label: str) -> tupl
     ca, cb = ia.result.provenance.git_commit, ib.result.provenance.git_commit
     if ca != cb:
         notes.append(f"commits: {(ca or 'unknown')[:12]} vs {(cb or 'unknown')[:12]}")
-    only_a = [f"{s}/{a}" for s in ia.shapes for a in ia.arms_at(s) if ib.summary(s, a) is None]
-    only_b = [f"{s}/{a}" for s in ib.shapes for a in ib.arms_at(s) if ia.summary(s, a) is None]
+    only_a = [f"{s}/{a}" for s in ia.settings.shapes for a in ia.settings.arms if (s, a) in ua and (s, a) not in ub]
+    only_b = [f"{s}/{a}" for s in ib.settings.shapes for a in ib.settings.arms if (s, a) in ub and (s, a) not in ua]
     if only_a:
         notes.append(f"only in {a_label}: {', '.join(only_a)}")
     if only_b:
         notes.append(f"only in {b_label}: {', '.join(only_b)}")
+    if rules.floor == "measured" and not ia.result.noise and not ib.result.noise:
+        notes.append(f"neither run carries a measured noise floor: the SAME band is the rule's ±{rules.change:.1%}")
     for name, result in ((a_label, ia.result), (b_label, ib.result)):
         if not result.audit.passed:
-            notes.append(f"{name}: audit failed ({result.audit.samples_passed}/{result.audit.samples_total} samples passed)")
+            rejected = result.audit.samples_total - result.audit.samples_passed
+            notes.append(f"{name}: audit failed ({result.audit.samples_passed}/{result.audit.samples_total} "
+                         f"samples passed); the {rejected} it rejected are left out of every statistic here")
         failed = [f"{p.shape}/{p.arm}" for p in result.parity if not p.passed]
         if failed:
             notes.append(f"{name}: parity failed for {', '.join(failed)}")

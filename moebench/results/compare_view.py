@@ -6,21 +6,64 @@ import json
 from collections.abc import Callable
 from typing import TextIO
 
-from moebench.results.compare import Comparison, Verdict
+from moebench.results.compare import Comparison, Verdict, gate
 from moebench.results.schema import to_plain
 from moebench.results.tables import make_console
+from moebench.significance import RESAMPLES
 
-VERDICT_STYLE = {Verdict.FASTER: "green", Verdict.SLOWER: "bold red", Verdict.SAME: "", Verdict.NOISY: "yellow"}
+VERDICT_STYLE = {Verdict.FASTER: "green", Verdict.SLOWER: "bold red", Verdict.SAME: "", Verdict.NOISY: "yellow",
+                 Verdict.AMBIGUOUS: "magenta"}
 
 
 def _headline(c: Comparison) -> str:
-    t = c.thresholds
-    return (f"B = {c.b_label} against A = {c.a_label}: change threshold ±{t.change:.1%}, "
-            f"rounds may spread {t.spread_limit:.1%}")
+    return f"B = {c.b_label} against A = {c.a_label}: rules {c.rules.describe()}"
+
+
+def _method(c: Comparison) -> str:
+    unit = "round medians" if c.rules.test == "rows" else "audited samples"
+    return (f"From audited samples only. A time is the median of round medians; [..] is its {c.rules.ci_name} "
+            f"({RESAMPLES} bootstrap draws of rounds, then of samples within them); p is a two-sided "
+            f"Mann-Whitney rank test between the runs' {unit}.")
 
 
 def _built(identity_changed: tuple[str, ...]) -> str:
     return ", ".join(identity_changed) if identity_changed else "same"
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1e3:,.2f}"
+
+
+def _time(median_ns: float, ci: tuple[float, float]) -> str:
+    return f"{_us(median_ns)} [{_us(ci[0])}, {_us(ci[1])}]"
+
+
+def _ratio(median: float, ci: tuple[float, float]) -> str:
+    return f"{median:.3f}× [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _change(change: float, ci: tuple[float, float]) -> str:
+    return f"{change:+.1%} [{ci[0]:+.1%}, {ci[1]:+.1%}]"
+
+
+def _why(reason: str) -> str:
+    return reason.split(": ", 1)[-1]
+
+
+ARM_COLUMNS = ("shape", "arm", "A µs", "B µs", "change", "p", "verdict", "why")
+RATIO_COLUMNS = ("shape", "arm / ref", "A", "B", "change", "p", "verdict", "why")
+
+
+def _arm_cells(c: Comparison) -> list[tuple[Verdict, list[str]]]:
+    return [(a.verdict, [a.shape, a.arm, _time(a.a_median_ns, a.a_ci_ns), _time(a.b_median_ns, a.b_ci_ns),
+                         _change(a.change, a.change_ci), f"{a.p_value:.2g}", a.verdict.value, _why(a.reason),
+                         _built(a.identity_changed)]) for a in c.arms]
+
+
+def _ratio_cells(c: Comparison) -> list[tuple[Verdict, list[str]]]:
+    return [(r.verdict, [r.shape, f"{r.arm} / {r.ref}", _ratio(r.a_median, r.a_ci), _ratio(r.b_median, r.b_ci),
+                         _change(r.change, r.change_ci), f"{r.p_value:.2g}", r.verdict.value, _why(r.reason)])
+            for r in c.ratios]
 
 
 def render_table(c: Comparison, out: TextIO) -> None:
@@ -28,47 +71,47 @@ def render_table(c: Comparison, out: TextIO) -> None:
 
     console = make_console(out)
     builds = any(a.identity_changed for a in c.arms)
-    t = Table(title=_headline(c), title_justify="left")
-    columns = [("shape", "left"), ("arm", "left"), ("A µs", "right"), ("B µs", "right"),
-               ("change", "right"), ("verdict", "left"), ("why", "left")]
-    for name, justify in columns + ([("build changed", "left")] if builds else []):
-        t.add_column(name, justify=justify, overflow="fold", no_wrap=name in ("arm", "verdict"))
-    for a in c.arms:
-        style = VERDICT_STYLE[a.verdict]
-        t.add_row(a.shape, a.arm, f"{a.a_median_ns / 1e3:,.2f}", f"{a.b_median_ns / 1e3:,.2f}",
-                  f"{a.change:+.1%}", f"[{style}]{a.verdict.value}[/]" if style else a.verdict.value,
-                  a.reason.split(": ", 1)[-1], *([_built(a.identity_changed)] if builds else []))
+    t = Table(title=_headline(c), title_justify="left", caption=_method(c), caption_justify="left")
+    for name in ARM_COLUMNS + (("build changed",) if builds else ()):
+        t.add_column(name, justify="left" if name in ("shape", "arm", "verdict", "why", "build changed") else "right",
+                     overflow="fold", no_wrap=name in ("arm", "verdict"))
+    for verdict, cells in _arm_cells(c):
+        style = VERDICT_STYLE[verdict]
+        cells[6] = f"[{style}]{cells[6]}[/]" if style else cells[6]
+        t.add_row(*(cells if builds else cells[:-1]))
     console.print(t)
     if c.ratios:
         r_t = Table(title="paired ratios within each run (ref / arm; > 1: the arm is faster)", title_justify="left")
-        for name, justify in (("shape", "left"), ("arm / ref", "left"), ("A", "right"),
-                              ("B", "right"), ("change", "right"), ("verdict", "left"), ("why", "left")):
-            r_t.add_column(name, justify=justify, overflow="fold", no_wrap=name in ("arm / ref", "verdict"))
-        for r in c.ratios:
-            style = VERDICT_STYLE[r.verdict]
-            r_t.add_row(r.shape, f"{r.arm} / {r.ref}", f"{r.a_median:.3f}×", f"{r.b_median:.3f}×",
-                        f"{r.change:+.1%}", f"[{style}]{r.verdict.value}[/]" if style else r.verdict.value,
-                        r.reason.split(": ", 1)[-1])
+        for name in RATIO_COLUMNS:
+            r_t.add_column(name, justify="left" if name in ("shape", "arm / ref", "verdict", "why") else "right",
+                           overflow="fold", no_wrap=name in ("arm / ref", "verdict"))
+        for verdict, cells in _ratio_cells(c):
+            style = VERDICT_STYLE[verdict]
+            cells[6] = f"[{style}]{cells[6]}[/]" if style else cells[6]
+            r_t.add_row(*cells)
         console.print(r_t)
     for note in c.notes:
         console.print(f"note: {note}", highlight=False)
 
 
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def render_markdown(c: Comparison, out: TextIO) -> None:
-    lines = [f"### moebench compare: {_headline(c)}", "",
-             "| shape | arm | A µs | B µs | change | verdict | why | build changed |",
-             "|---|---|--:|--:|--:|---|---|---|"]
-    for a in c.arms:
-        verdict = f"**{a.verdict.value}**" if a.verdict is not Verdict.SAME else a.verdict.value
-        lines.append(f"| {a.shape} | `{a.arm}` | {a.a_median_ns / 1e3:,.2f} | {a.b_median_ns / 1e3:,.2f} | "
-                     f"{a.change:+.1%} | {verdict} | {a.reason.split(': ', 1)[-1]} | {_built(a.identity_changed)} |")
+    lines = [f"### moebench compare: {_headline(c)}", "", _method(c), "",
+             _md_row(list(ARM_COLUMNS) + ["build changed"]), "|---|---|--:|--:|--:|--:|---|---|---|"]
+    for verdict, cells in _arm_cells(c):
+        cells[1] = f"`{cells[1]}`"
+        cells[6] = cells[6] if verdict is Verdict.SAME else f"**{cells[6]}**"
+        lines.append(_md_row(cells))
     if c.ratios:
         lines += ["", "Paired ratios within each run (ref / arm; > 1: the arm is faster):", "",
-                  "| shape | arm / ref | A | B | change | verdict | why |",
-                  "|---|---|--:|--:|--:|---|---|"]
-        for r in c.ratios:
-            lines.append(f"| {r.shape} | `{r.arm}` / `{r.ref}` | {r.a_median:.3f}× | {r.b_median:.3f}× | "
-                         f"{r.change:+.1%} | {r.verdict.value} | {r.reason.split(': ', 1)[-1]} |")
+                  _md_row(list(RATIO_COLUMNS)), "|---|---|--:|--:|--:|--:|---|---|"]
+        for _verdict, cells in _ratio_cells(c):
+            arm, ref = cells[1].split(" / ")
+            cells[1] = f"`{arm}` / `{ref}`"
+            lines.append(_md_row(cells))
     if c.notes:
         lines += [""] + [f"- {n}" for n in c.notes]
     out.write("\n".join(lines).replace("|  |", "| |") + "\n")
@@ -77,6 +120,7 @@ def render_markdown(c: Comparison, out: TextIO) -> None:
 def render_json(c: Comparison, out: TextIO) -> None:
     plain = to_plain(c)
     plain["regressions"] = [f"{a.shape}/{a.arm}" for a in c.regressions]
+    plain["gate"] = gate(c)
     out.write(json.dumps(plain, indent=1) + "\n")
 
 

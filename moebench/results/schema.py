@@ -11,6 +11,8 @@ Format history:
     overlap); RunResult.statistics_over: "audited samples" (summaries and ratios taken over the
     samples the audit passed), read as "all samples" for older files, whose statistics took
     every sample.
+    RunResult.noise (later, defaulted to none): a measured noise floor per shape and arm, the
+    relative change that identical code shows between two prepared copies of itself.
 """
 
 from __future__ import annotations
@@ -279,6 +281,9 @@ class RunResult:
     format: str = FORMAT
     build_parity: tuple[BuildParity, ...] = ()
     statistics_over: str = ALL_SAMPLES  # which samples the summaries and ratios were taken over
+    # {shape: {arm: floor}}: the |A/A - 1| an arm shows against a second prepared copy of itself
+    # (a fraction); `compare` widens its SAME band to it. Empty where the run measured none.
+    noise: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # --- plain data <-> records ------------------------------------------------------------
