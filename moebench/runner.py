@@ -19,10 +19,10 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry, build_fixture
 from moebench.fixtures.summary import fixture_summary
-from moebench.kernels.arm import ArmFactory, default_arms, make_arms
+from moebench.kernels.arm import ArmFactory
 from moebench.kernels.builds import build_arm_factories, compare_outputs, resolve_builds
-from moebench.kernels.external import external_arm_factories
 from moebench.kernels.parity import References, check_parity
+from moebench.kernels.registry import default_arms, external_arm_factories, make_arms
 from moebench.results import schema as S
 from moebench.results.provenance import provenance, utc_now
 from moebench.results.store import ensure_writable_dir, reserve_path, save

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from moebench.fixtures import ShapeRegistry, build_fixture
-from moebench.kernels.arm import make_arm
+from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
 
 

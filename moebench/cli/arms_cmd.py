@@ -6,7 +6,7 @@ import torch
 from rich.table import Table
 
 from moebench.cli import cli
-from moebench.kernels.arm import load_builtin_arms
+from moebench.kernels.registry import load_builtin_arms
 from moebench.results.tables import make_console
 
 

@@ -11,7 +11,7 @@ from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl
                                  shapes_file_option, triton_config_option)
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture
-from moebench.kernels.arm import default_arms, parse_arm_list
+from moebench.kernels.registry import default_arms, parse_arm_list
 from moebench.kernels.parity import REL_L2_THRESHOLD
 from moebench.kernels.triton_arms import use_interpreter
 from moebench.kernels.verify import verify_arms
