@@ -2,26 +2,24 @@
 and arms added by name; and the run's choice of arms from it.
 
 An arm module marks its arms with `register_arm` (moebench.kernels.arm) and does nothing else
-at import; this module imports the built-in arm modules listed here and collects what they
-mark. An arm module that cannot import its optional library must still import: it reports the
+at import; this module imports the built-in arm modules and collects what they mark. An arm module that cannot import its optional library must still import: it reports the
 problem through `Arm.unavailable_reason`, not at import time.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import types
 
 import torch
 
 from moebench.errors import UserError
+from moebench.kernels import cuda_arms, fused_arm, sglang_arm, triton_arms
 from moebench.kernels.arm import Arm, ArmFactory, marked_arm_name
 from moebench.kernels.external import external_arm_factory, parse_external_arm, register_entry_point_arms
 
-BUILTIN_MODULES = ("moebench.kernels.cuda_arms", "moebench.kernels.triton_arms",
-                   "moebench.kernels.fused_arm", "moebench.kernels.sglang_arm")
+BUILTIN_MODULES = (cuda_arms, triton_arms, fused_arm, sglang_arm)
 
 # The order a run with no --arms times the built-in arms in (the ref first).
 DEFAULT_ORDER = ("triton", "sglang", "triton-default", "triton-swapab", "cuda-gemm", "cuda-swapab", "cuda-fused")
@@ -45,8 +43,8 @@ def arms_in(module: types.ModuleType) -> dict[str, ArmFactory]:
 @functools.lru_cache(maxsize=None)
 def builtin_arms() -> dict[str, ArmFactory]:
     out: dict[str, ArmFactory] = {}
-    for module_name in BUILTIN_MODULES:
-        for name, factory in arms_in(importlib.import_module(module_name)).items():
+    for module in BUILTIN_MODULES:
+        for name, factory in arms_in(module).items():
             if name in out:
                 raise RuntimeError(f"arm {name!r} registered twice")
             out[name] = factory
