@@ -68,7 +68,7 @@ def bench(callables: Mapping[str, Callable[[], None]], *,
     out, bandwidth, options = time_units(req, backend, units)
     for name in names:
         decl = declared.get(name) or inferred_kernels([s for s in out.samples if s.arm == name])
-        kept = tuple(S.DeclaredKernel(d.label, d.pattern, d.count) for d in decl)
+        kept = tuple(decl)
         prep.declared[(label, name)] = kept
         identity = {"callable": getattr(callables[name], "__qualname__", repr(callables[name]))}
         if name not in declared:

@@ -223,13 +223,12 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
             log(f"{spec.name}: preparing {arm.name}")
             call = arm.prepare(fx)
             par = check_parity(call, refs, spec.name)
-            p.parity.append(S.ParityInfo(spec.name, arm.name, _finite(par.rel_l2), _finite(par.max_abs),
-                                         par.nonfinite, par.threshold, par.passed, par.oracle,
-                                         None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
+            p.parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
+                                    rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:
                 failures.append(f"{arm.name} at {spec.name}: {par.reason()}")
                 continue
-            decl = tuple(S.DeclaredKernel(k.label, k.pattern, k.count) for k in call.kernels)
+            decl = tuple(call.kernels)
             p.declared[(spec.name, arm.name)] = decl
             p.arms.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
             p.units.append(Unit(spec.name, arm.name, call.run, call.reset))
@@ -259,9 +258,7 @@ def _finite(x: float) -> float:
 
 
 def _fixture_info(s: dict) -> S.FixtureInfo:
-    f = s["floors"]
-    floors = S.Floors(f["experts_routed"], f["weight_bytes"], f["activation_bytes"], f["output_bytes"],
-                      f["hbm_bytes"], f["flops"])
+    floors = S.Floors(**s["floors"])
     return S.FixtureInfo(s["name"], s["family"], s["M"], s["K"], s["E"], s["top_k"], s["N"], s["seed"],
                          s["balancedness"], s["fingerprint"], floors,
                          {k: float(v) for k, v in s["tokens_per_expert"].items()})

@@ -17,19 +17,10 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
+from moebench.results.schema import DeclaredKernel
 
 
-@dataclass(frozen=True)
-class KernelDecl:
-    """One kernel a sample must contain: `count` launches whose name matches `pattern`
-    (re.search against the name CUPTI reports)."""
-
-    label: str
-    pattern: str
-    count: int = 1
-
-    def matches(self, kernel_name: str) -> bool:
-        return re.search(self.pattern, kernel_name) is not None
+KernelDecl = DeclaredKernel  # what an arm declares is what its result stores
 
 
 @dataclass
