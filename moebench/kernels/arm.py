@@ -95,7 +95,7 @@ def register_arm(name: str):
     """Mark a class (or factory) as the arm `name`; moebench.kernels.registry collects marked
     arms from the modules it is given, so defining an arm touches no global state (a module
     loaded privately, e.g. a build's host code at a revision, stays private)."""
-    def mark(factory: ArmFactory) -> ArmFactory:
+    def mark(factory: ArmFactory) -> ArmFactory:  # a class takes the name as its `name`
         setattr(factory, ARM_MARK, name)
         if isinstance(factory, type) and "name" not in vars(factory):
             factory.name = name

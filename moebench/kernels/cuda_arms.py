@@ -232,13 +232,11 @@ class CudaGroupedGemmArm(Arm):
 
 @register_arm("cuda-gemm")
 class CudaGemmArm(CudaGroupedGemmArm):
-    name = "cuda-gemm"
     description = "CUDA sm_90a grouped GEMMs (wgmma+TMA), tokens in the 64-row wgmma slot"
     config = CUDA_GEMM
 
 
 @register_arm("cuda-swapab")
 class CudaSwapAbArm(CudaGroupedGemmArm):
-    name = "cuda-swapab"
     description = "CUDA sm_90a grouped GEMMs (wgmma+TMA), weight rows in the 64-row wgmma slot (Swap-AB)"
     config = CUDA_SWAPAB

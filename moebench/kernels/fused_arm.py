@@ -193,7 +193,6 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 
 @register_arm("cuda-fused")
 class CudaFusedArm(Arm):
-    name = "cuda-fused"
     description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
     source_file = SOURCE
 

@@ -282,21 +282,18 @@ def stock_workspace(fx: Fixture, block_m: int, sorted_down: bool) -> StockWorksp
 
 @register_arm("triton")
 class StockTritonArm(TritonMoeArm):
-    name = "triton"
     description = ("stock Triton path as the engines launch it here: their tuned tables (up and down), plan "
                    "sizing, swap-AB rule, TMA and PDL")
 
 
 @register_arm("triton-default")
 class DefaultTritonArm(TritonMoeArm):
-    name = "triton-default"
     description = "stock Triton path with the engines' untuned default config (BM64/BN128/BK128, group-M 32)"
     tables_only_default = True
 
 
 @register_arm("triton-swapab")
 class SwapABTritonArm(TritonMoeArm):
-    name = "triton-swapab"
     description = "stock Triton path with the swap-AB rule on any device (BM 16 where no table exists)"
     fallback_config = SWAPAB_DEFAULT_CONFIG
     swap_on_any_device = True
