@@ -61,8 +61,7 @@ def bench(callables: Mapping[str, Callable[[], None]], *,
         raise UserError(f"--ref {ref!r} is not one of the arms ({', '.join(names)})")
     protocol = TimingProtocol(rounds, samples, warmup, flush, timer, measure_bandwidth)
     check_protocol(protocol)
-    declared = {name: tuple(S.DeclaredKernel(d.label, d.pattern, d.count)
-                            for d in as_kernel_decls(k, f"bench: kernels of {name!r}"))
+    declared = {name: as_kernel_decls(k, f"bench: kernels of {name!r}")
                 for name, k in (kernels or {}).items() if k is not None}
     started_at = utc_now()
     backend = backend if backend is not None else cuda_backend(protocol)

@@ -10,7 +10,7 @@ from moebench.errors import UserError
 
 def compiled_modules(arm_names, sources, defines):
     from moebench.kernels import cuda_build
-    from moebench.kernels.arm import make_arm
+    from moebench.kernels.registry import make_arm
     if arm_names and (sources or defines):
         raise UserError("--arm builds the arm's own configuration; give --source/--define without it")
     if arm_names:

@@ -117,7 +117,7 @@ def arm_availability() -> tuple[str, list[tuple[str, str, str | None]]]:
     (None: it can)."""
     import torch
 
-    from moebench.kernels.arm import load_builtin_arms
+    from moebench.kernels.registry import load_builtin_arms
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for name, factory in sorted(load_builtin_arms().items()):

@@ -10,7 +10,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry, build_fixture
-from moebench.kernels.arm import default_arms
+from moebench.kernels.registry import default_arms
 from moebench.kernels.triton_arms import use_interpreter
 from moebench.kernels.verify import verify_arms
 

@@ -21,9 +21,9 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry
-from moebench.kernels.arm import ArmFactory, default_arms, load_builtin_arms
+from moebench.kernels.arm import ArmFactory
+from moebench.kernels.registry import default_arms, external_arm_factories, load_builtin_arms
 from moebench.kernels.builds import build_arm_factories, resolve_builds
-from moebench.kernels.external import external_arm_factories
 from moebench.measure import TimingProtocol, check_protocol
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 from moebench.variants import parse_variant, variant_factory

@@ -8,7 +8,7 @@ out is the timed units (moebench.measure) and the records a result keeps of what
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -16,7 +16,7 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture
 from moebench.fixtures.summary import fixture_summary
-from moebench.kernels.arm import make_arms
+from moebench.kernels.registry import make_arms
 from moebench.kernels.builds import compare_outputs
 from moebench.kernels.parity import References, check_parity
 from moebench.plan import ArmPlan, RunRequest, resolve_specs
@@ -76,13 +76,12 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             log(f"{spec.name}: preparing {arm.name}")
             call = arm.prepare(fx)
             par = check_parity(call, refs, spec.name)
-            parity.append(S.ParityInfo(spec.name, arm.name, _finite(par.rel_l2), _finite(par.max_abs),
-                                       par.nonfinite, par.threshold, par.passed, par.oracle,
-                                       None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
+            parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
+                                  rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:
                 failures.append(f"{arm.name} at {spec.name}: {par.reason()}")
                 continue
-            decl = tuple(S.DeclaredKernel(k.label, k.pattern, k.count) for k in call.kernels)
+            decl = tuple(call.kernels)
             infos.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
             units.append(Unit(spec.name, arm.name, call.run, call.reset, decl))
             keep.append(call)
@@ -115,8 +114,7 @@ def _finite(x: float) -> float:
 
 def _fixture_info(s: dict) -> S.FixtureInfo:
     f = s["floors"]
-    floors = S.Floors(f["experts_routed"], f["weight_bytes"], f["activation_bytes"], f["output_bytes"],
-                      f["hbm_bytes"], f["flops"])
+    floors = S.Floors(**f)
     return S.FixtureInfo(s["name"], s["family"], s["M"], s["K"], s["E"], s["top_k"], s["N"], s["seed"],
                          s["balancedness"], s["fingerprint"], floors,
                          {k: float(v) for k, v in s["tokens_per_expert"].items()})

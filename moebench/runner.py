@@ -18,7 +18,7 @@ import torch
 
 from moebench.assemble import assemble, result_filename
 from moebench.errors import UserError
-from moebench.kernels.arm import make_arms
+from moebench.kernels.registry import make_arms
 from moebench.measure import TimingBackend, cuda_backend, measure
 from moebench.plan import RunRequest, plan_arms, resolve_specs, validate, with_default_arms
 from moebench.prepare import RunFailed, prepare

@@ -1,5 +1,5 @@
-"""`--build`: specs parsed and checked, files read at git revisions, the source override
-compiled through NVRTC, and a build-vs-build run on the CPU (fake timing backend)."""
+"""`--build`: specs parsed and checked, files read at git revisions, a build's source compiled
+through NVRTC, and a build-vs-build run on the CPU (fake timing backend)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from timing_fakes import FakeGpu
 
 from moebench.cli import main
 from moebench.errors import UserError
-from moebench.kernels.arm import ARMS, Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.kernel_source import KernelSource
+from moebench.kernels.registry import ARMS, add_arm
 from moebench.kernels.builds import (BuildSpec, compare_outputs, parse_build_spec, parse_define,
                                      read_at_revision, resolve_builds, resolve_revision)
 from moebench.runner import RunRequest, run
 
 # ---------------------------------------------------------------- a tiny CUDA arm family
 
-SOURCE = "moebench_test_tiny.cu"  # the source this module's arm compiles (builds.source_arms reads it)
+SOURCE = "moebench_test_tiny.cu"  # the source this module's arm compiles (its source_file)
 GPU = FakeGpu()
 TINY = r'''
 extern "C" __global__ void tiny(float* out) {
@@ -38,22 +40,33 @@ extern "C" __global__ void tiny(float* out) {
 
 
 @functools.lru_cache(maxsize=None)
-def build_tiny():
-    """Cached per process, as fused_arm.build_fused is: the build arm must see through it."""
+def build_tiny(source: KernelSource):
+    """Cached per process, as fused_arm.build_fused is (keyed by the source it is given)."""
     from moebench.kernels.cuda_build import compile_source
-    return compile_source(SOURCE)
+    return compile_source(source)
+
+
+def plain_tiny_binary() -> str:
+    """The cubin of the tiny kernel as written (comments do not reach the binary)."""
+    return build_tiny(KernelSource.from_text(TINY % "", SOURCE)).build.binary_sha256
 
 
 class TinyArm(Arm):
     name = "test-tiny"
-    description = "copies the oracle; compiles moebench_test_tiny.cu; PERTURB nudges four outputs"
+    description = "copies the oracle; compiles moebench_test_tiny.cu; a kernel other than the plain one nudges four outputs"
+    source_file = SOURCE
+
+    def __init__(self, source: KernelSource | None = None):
+        self.source = source
 
     def prepare(self, fx):
         from moebench.fixtures import fixture_reference
-        module = build_tiny()
+        if self.source is None:
+            raise FileNotFoundError(f"{SOURCE} ships nowhere: only a build gives this arm a source")
+        module = build_tiny(self.source)
         ref = fixture_reference(fx)
         want = ref.clone()
-        if "PERTURB" in dict(module.build.defines):
+        if module.build.binary_sha256 != plain_tiny_binary():  # no GPU here: stand in for what it computes
             want.view(-1)[:4] *= 1.0625
         out = torch.empty_like(ref)
 
@@ -65,7 +78,7 @@ class TinyArm(Arm):
 
 
 if "test-tiny" not in ARMS:
-    register_arm("test-tiny")(TinyArm)
+    add_arm("test-tiny", TinyArm)
 
 
 def git(repo: Path, *args: str) -> str:
@@ -187,20 +200,20 @@ def test_compare_outputs():
 cuda_core = pytest.importorskip("cuda.core")
 
 
-def test_override_compiles_the_override_text_with_its_define(repo):
-    from moebench.kernels.cuda_build import SourceOverride, compile_source, source_override
+def test_a_build_source_compiles_its_text_with_its_define(repo):
+    from moebench.kernels.cuda_build import compile_source
     (old,) = resolve_builds([f"old=git:HEAD~1:k/{SOURCE}"], build_arm="test-tiny")
     with pytest.raises(FileNotFoundError):
-        compile_source(SOURCE)  # not a built-in source: only the override makes it compile
-    o = SourceOverride(SOURCE, old.path, (("PERTURB", "1"),))
-    with source_override(o) as compiled:
-        m = compile_source(SOURCE, defines={"UNUSED": "0"})
-    assert [b.binary_sha256 for b in compiled] == [m.build.binary_sha256]
-    assert m.build.source_sha256 == old.source_sha256
+        compile_source(SOURCE)  # not a built-in source: only a build's KernelSource compiles
+    with pytest.raises(FileNotFoundError):
+        TinyArm().prepare(None)
+    source = old.source.with_defines({"PERTURB": "1"})
+    m = compile_source(source, defines={"UNUSED": "0"})
+    assert m.build.source_sha256 == old.source_sha256 and m.build.binary_sha256 != plain_tiny_binary()
     assert dict(m.build.defines) == {"PERTURB": "1", "UNUSED": "0"} and "tiny" in m.build.resources
-    with source_override(SourceOverride(SOURCE, old.path, (("UNUSED", "1"),))):
-        with pytest.raises(UserError, match="UNUSED is set by the arm itself"):
-            compile_source(SOURCE, defines={"UNUSED": "0"})
+    assert compile_source(old.source).build.binary_sha256 == plain_tiny_binary()
+    with pytest.raises(UserError, match="UNUSED is set by the arm itself"):
+        compile_source(old.source.with_defines({"UNUSED": "1"}), defines={"UNUSED": "0"})
 
 
 def test_build_vs_build_run(repo, tmp_path):
@@ -249,6 +262,10 @@ VERSION = "%s"
 class HostedArm(Arm):
     name = "test-hosted"
     description = "host " + VERSION
+    source_file = SOURCE
+
+    def __init__(self, source=None):
+        self.source = source
 
     def prepare(self, fx):
         raise NotImplementedError
@@ -261,7 +278,7 @@ def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch
     import importlib
     import sys
 
-    from moebench.kernels import arm as arm_module
+    from moebench.kernels import registry as arm_module
     from moebench.kernels.builds import build_arm_factories
     root = tmp_path / "hosted"
     root.mkdir()
@@ -278,7 +295,7 @@ def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setattr(arm_module, "ARMS", dict(arm_module.ARMS))
     try:
-        importlib.import_module("hosted_tiny_arm")
+        arm_module.add_module_arms(importlib.import_module("hosted_tiny_arm"))
         builds = resolve_builds(["new=moebench_test_hosted.cu", "old=git:HEAD~1", "head=git:HEAD"])
         new, old, head = builds
         assert new.host is None and head.host is None  # same text as this tree's: nothing to load

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moebench.fixtures import build_fixture, derive
-from moebench.kernels.arm import make_arm
+from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
 from moebench.kernels.verify import edge_cases
 

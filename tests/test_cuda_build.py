@@ -286,7 +286,7 @@ def test_plan_handling_covers_every_slot_once(block_t):
 
 def test_cuda_arms_are_registered_and_say_why_not_on_cpu():
     import torch
-    from moebench.kernels.arm import load_builtin_arms
+    from moebench.kernels.registry import load_builtin_arms
     arms = load_builtin_arms()
     for name in ("cuda-gemm", "cuda-swapab"):
         arm = arms[name]()

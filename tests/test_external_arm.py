@@ -13,8 +13,8 @@ from run_fakes import fake_backend
 from moebench import runner
 from moebench.cli import main
 from moebench.errors import UserError
-from moebench.kernels import arm as arm_module
-from moebench.kernels.arm import make_arms
+from moebench.kernels import registry as arm_module
+from moebench.kernels.registry import make_arms
 from moebench.kernels.external import parse_external_arm, register_entry_point_arms
 from moebench.results.store import load
 from moebench.runner import RunFailed, RunRequest, run

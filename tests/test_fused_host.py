@@ -356,7 +356,7 @@ def test_weights_preparation_errors():
 
 
 def test_arm_is_registered_and_explains_unavailability():
-    from moebench.kernels.arm import load_builtin_arms, make_arm
+    from moebench.kernels.registry import load_builtin_arms, make_arm
     assert "cuda-fused" in load_builtin_arms()
     arm = make_arm("cuda-fused")
     reason = arm.unavailable_reason(torch.device("cpu"))

@@ -133,7 +133,7 @@ def test_the_engines_modules_load_with_stand_ins_when_it_does_not_import_whole(f
 
 
 def test_sglang_arm_says_why_it_cannot_run(fake_sglang, monkeypatch):
-    from moebench.kernels.arm import make_arm
+    from moebench.kernels.registry import make_arm
     arm = make_arm("sglang")
     if not torch.cuda.is_available():
         assert arm.unavailable_reason(torch.device("cpu")) == "the engine's kernels run on a CUDA device only"

@@ -7,7 +7,8 @@ import torch
 from timing_fakes import FakeGpu, FakeTracer
 
 from moebench.cli import main
-from moebench.kernels.arm import ARMS, Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.registry import ARMS, add_arm
 from moebench.results.store import load
 from moebench.runner import RunFailed, RunRequest, TimingBackend, result_filename, run
 from moebench.timing.engine import Unit
@@ -40,7 +41,7 @@ def _register():
     for name, kernels, broken in (("fake-ref", _FakeArm.kernels, False), ("fake-fast", (("fake_fused", 2500),), False),
                                   ("fake-broken", _FakeArm.kernels, True), ("fake-extra", _FakeArm.kernels, False)):
         cls = type(name, (_FakeArm,), {"name": name, "kernels": kernels, "broken": broken})
-        register_arm(name)(cls)
+        add_arm(name, cls)
 
 
 _register()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moebench.fixtures import build_fixture, derive
-from moebench.kernels.arm import make_arm
+from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled_triton")]

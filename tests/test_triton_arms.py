@@ -20,7 +20,7 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture, derive, engine_plan_capacity, rel_l2_error, route_plan
 from moebench.kernels import triton_arms
-from moebench.kernels.arm import make_arm
+from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
 from moebench.kernels.triton_arms import (STOCK_CONFIG, SWAPAB_DEFAULT_CONFIG, TRITON_KERNELS,
                                           TritonMoeConfig, kernels_module, load_config_file,
@@ -238,7 +238,7 @@ def test_verify_arms_rows(registry):
 
 
 def test_verify_rejects_an_option_no_arm_takes(t8, wide_config_file, monkeypatch):
-    from moebench.kernels import arm as arm_module
+    from moebench.kernels import registry as arm_module
     monkeypatch.setitem(arm_module.ARMS, "plain-test-arm", lambda: None)
     with pytest.raises(UserError, match="--triton-config applies to none"):
         verify_arms(t8, ["plain-test-arm"], options={"triton_config": wide_config_file})
@@ -363,7 +363,7 @@ def test_triton_default_ignores_the_tables(t8, monkeypatch):
 
 
 def test_default_arms_on_the_cpu_interpreter():
-    from moebench.kernels.arm import default_arms
+    from moebench.kernels.registry import default_arms
     chosen, skipped = default_arms(torch.device("cpu"))
     assert chosen == ["triton", "triton-default", "triton-swapab"]
     why = dict(skipped)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from moebench.fixtures import build_fixture, derive
-from moebench.kernels.arm import make_arm
+from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
 from moebench.kernels.engine_config import TritonMoeConfig
 from moebench.kernels.triton_arms import TRITON_KERNELS, swap_ab_selected

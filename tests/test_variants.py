@@ -11,7 +11,8 @@ from timing_fakes import FakeGpu
 
 from moebench.cli import main
 from moebench.errors import UserError
-from moebench.kernels.arm import ARMS, Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.registry import ARMS, add_arm
 from moebench.plan import RunRequest
 from moebench.prepare import RunFailed
 from moebench.profile import profile_arm
@@ -68,8 +69,8 @@ class _Configured(Arm):
 
 
 if "fake-tiled" not in ARMS:
-    register_arm("fake-tiled")(_Tiled)
-    register_arm("fake-configured")(_Configured)
+    add_arm("fake-tiled", _Tiled)
+    add_arm("fake-configured", _Configured)
 
 
 def req(tmp_path, **kw) -> RunRequest:

@@ -24,7 +24,7 @@ from moebench.cli.common import (
     shapes_file_option,
     triton_config_option,
 )
-from moebench.kernels.arm import parse_arm_list
+from moebench.kernels.registry import parse_arm_list
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunRequest, run
 from moebench.timing.flush import FLUSH_MODES

@@ -8,7 +8,7 @@ from rich.table import Table
 from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
                                  shapes_file_option, triton_config_option)
-from moebench.kernels.arm import parse_arm_list
+from moebench.kernels.registry import parse_arm_list
 from moebench.kernels.parity import REL_L2_THRESHOLD
 from moebench.parity_run import VerifyRequest, verify
 from moebench.results.tables import make_console

@@ -8,7 +8,6 @@ against the oracle and audited against the kernels it declares.
 
 from __future__ import annotations
 
-import inspect
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -18,19 +17,10 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
+from moebench.results.schema import DeclaredKernel
 
 
-@dataclass(frozen=True)
-class KernelDecl:
-    """One kernel a sample must contain: `count` launches whose name matches `pattern`
-    (re.search against the name CUPTI reports)."""
-
-    label: str
-    pattern: str
-    count: int = 1
-
-    def matches(self, kernel_name: str) -> bool:
-        return re.search(self.pattern, kernel_name) is not None
+KernelDecl = DeclaredKernel  # what an arm declares is what its result stores
 
 
 @dataclass
@@ -79,6 +69,9 @@ def as_kernel_decls(items, where: str = "kernels") -> tuple[KernelDecl, ...]:
 class Arm(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
+    # The CUDA file of moebench/kernels the arm compiles, if any. Such an arm takes `source=`
+    # (a KernelSource) and compiles that instead: a `--build` is the arm given the build's source.
+    source_file: ClassVar[str | None] = None
 
     @abstractmethod
     def prepare(self, fx: Fixture) -> PreparedCall:
@@ -95,76 +88,21 @@ class Arm(ABC):
 
 
 ArmFactory = Callable[..., Arm]
-ARMS: dict[str, ArmFactory] = {}
+ARM_MARK = "__moebench_arm__"
 
 
 def register_arm(name: str):
-    def wrap(factory: ArmFactory) -> ArmFactory:
-        if name in ARMS:
-            raise RuntimeError(f"arm {name!r} registered twice")
-        ARMS[name] = factory
+    """Mark a class (or factory) as the arm `name`; moebench.kernels.registry collects marked
+    arms from the modules it is given, so defining an arm touches no global state (a module
+    loaded privately, e.g. a build's host code at a revision, stays private)."""
+    def mark(factory: ArmFactory) -> ArmFactory:  # a class takes the name as its `name`
+        setattr(factory, ARM_MARK, name)
+        if isinstance(factory, type) and "name" not in vars(factory):
+            factory.name = name
         return factory
-    return wrap
+    return mark
 
 
-def load_builtin_arms() -> dict[str, ArmFactory]:
-    """Import the modules that register the built-in arms, add the installed `moebench.arms`
-    entry points (lazily: each is imported when its arm is made); returns the registry."""
-    import moebench.kernels.registry  # noqa: F401
-    from moebench.kernels.external import register_entry_point_arms
-    register_entry_point_arms(ARMS)
-    return ARMS
-
-
-def make_arm(name: str, **options) -> Arm:
-    arms = load_builtin_arms()
-    if name not in arms:
-        raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")
-    return arms[name](**options)
-
-
-def make_arms(names: list[str] | tuple[str, ...], options: dict | None = None,
-              extra: dict[str, ArmFactory] | None = None) -> list[Arm]:
-    """The arms `names`, each given the options its factory accepts (`--triton-config` goes to
-    the Triton arms only). An option that no chosen arm accepts is a mistake, not ignored.
-    `extra` holds this run's own arms (builds, `--arm`), beside the registry."""
-    arms = {**load_builtin_arms(), **(extra or {})}
-    for name in names:
-        if name not in arms:
-            raise UserError(f"unknown arm {name!r} (known: {', '.join(sorted(arms))})")
-    given = {k: v for k, v in (options or {}).items() if v is not None}
-    accepts = {n: inspect.signature(arms[n]).parameters for n in names}
-    for key in given:
-        if not any(key in params for params in accepts.values()):
-            flag = "--" + key.replace("_", "-")
-            raise UserError(f"{flag} applies to none of the arms given ({', '.join(names)})")
-    return [arms[n](**{k: v for k, v in given.items() if k in accepts[n]}) for n in names]
-
-
-def default_arms(device: torch.device, options: dict | None = None) -> tuple[list[str], list[tuple[str, str]]]:
-    """The built-in arms a run with no --arms times on `device`, in the registry's default order,
-    and the ones it leaves out, each with why (one line)."""
-    from moebench.kernels.registry import DEFAULT_ORDER
-    arms = load_builtin_arms()
-    given = {k: v for k, v in (options or {}).items() if v is not None}
-    chosen, skipped = [], []
-    for name in DEFAULT_ORDER:
-        params = inspect.signature(arms[name]).parameters
-        arm = arms[name](**{k: v for k, v in given.items() if k in params})
-        why = arm.unavailable_reason(device) or arm.default_skip_reason(device)
-        if why:
-            skipped.append((name, why))
-        else:
-            chosen.append(name)
-    return chosen, skipped
-
-
-def parse_arm_list(text: str | list[str] | tuple[str, ...]) -> list[str]:
-    items = [text] if isinstance(text, str) else list(text)
-    names = [n.strip() for item in items for n in item.split(",") if n.strip()]
-    if not names:
-        raise UserError("no arm given")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise UserError(f"arm(s) given twice: {', '.join(dupes)}")
-    return names
+def marked_arm_name(obj) -> str | None:
+    """The name `register_arm` gave `obj` itself (not one it inherits), or None."""
+    return getattr(obj, "__dict__", {}).get(ARM_MARK)

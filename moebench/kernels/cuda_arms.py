@@ -19,6 +19,7 @@ import torch
 
 from moebench.fixtures import Fixture, route_plan
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.kernel_source import KernelSource
 
 SOURCE = "sm90_grouped_gemm.cu"
 BLOCK_R = 64  # weight rows per tile (the .cu's BLOCK_R)
@@ -141,6 +142,10 @@ def _i32(v: int):
 
 class CudaGroupedGemmArm(Arm):
     config: GemmConfig
+    source_file = SOURCE
+
+    def __init__(self, source: KernelSource | None = None):
+        self.source = source or KernelSource.shipped(SOURCE)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
@@ -158,7 +163,7 @@ class CudaGroupedGemmArm(Arm):
 
     def build(self):
         from moebench.kernels.cuda_build import compile_source
-        return compile_source(SOURCE, defines=self.config.defines())
+        return compile_source(self.source, defines=self.config.defines())
 
     def prepare(self, fx: Fixture) -> PreparedCall:
         from moebench.kernels.cuda_launch import bind_launch, tensor_map
@@ -227,13 +232,11 @@ class CudaGroupedGemmArm(Arm):
 
 @register_arm("cuda-gemm")
 class CudaGemmArm(CudaGroupedGemmArm):
-    name = "cuda-gemm"
     description = "CUDA sm_90a grouped GEMMs (wgmma+TMA), tokens in the 64-row wgmma slot"
     config = CUDA_GEMM
 
 
 @register_arm("cuda-swapab")
 class CudaSwapAbArm(CudaGroupedGemmArm):
-    name = "cuda-swapab"
     description = "CUDA sm_90a grouped GEMMs (wgmma+TMA), weight rows in the 64-row wgmma slot (Swap-AB)"
     config = CUDA_SWAPAB

@@ -1,88 +1,31 @@
-"""CUDA sources compiled at run time by NVRTC, cached on disk, launched on torch's stream.
+"""CUDA sources compiled at run time by NVRTC, through the on-disk cache of cuda_cache.
 
-A build is identified by `build_hash`: SHA-256 over the source text, the text of every
-local header it includes (recursively), the NVRTC flags, the defines, the target arch,
-the NVRTC version and the cache format. Entries live in ~/.cache/moebench/cuda (or
-$MOEBENCH_CACHE) as `<hash>.cubin` plus `<hash>.json` (metadata, written last). A build
-runs under an fcntl lock on `<hash>.lock`; each file is written to a temporary name and
-renamed into place, so a reader sees a whole entry or none. An entry whose cubin does not
-match the SHA-256 in its metadata, or whose metadata does not parse, is rebuilt.
-
-Compiling needs no GPU (NVRTC runs on the host and ptxas's verbose log gives each
+`compile_source` takes a KernelSource (or a file, a file name of moebench/kernels, or text)
+and the arm's defines; the cache key is over exactly what NVRTC reads (kernel_source says
+why). Compiling needs no GPU (NVRTC runs on the host and ptxas's verbose log gives each
 kernel's registers, shared memory and spills); loading a kernel needs one, and launching
 is moebench.kernels.cuda_launch's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import fcntl
 import hashlib
 import io
-import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from moebench.atomic_write import atomic_write
+from moebench.kernels.cuda_cache import (CACHE_FORMAT, CudaBuild, KernelResources, build_from_meta, build_key,  # noqa: F401,E501
+                                         cache_dir, locked, publish, read_entry, sources_dir)
 from moebench.kernels.cuda_launch import device_index
+from moebench.kernels.kernel_source import (KERNELS_DIR, KernelSource, include_closure,  # noqa: F401
+                                            local_headers, materialize)
 
-KERNELS_DIR = Path(__file__).resolve().parent
-CACHE_FORMAT = "moebench-cuda-cache-v1"
 DEFAULT_ARCH = "sm_90a"
 BASE_FLAGS = ("-std=c++17", "--ptxas-options=-v")
 
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
-
 
 # ---------------------------------------------------------------------------- records
-
-@dataclass(frozen=True)
-class KernelResources:
-    registers: int
-    shared_bytes: int  # static shared memory; dynamic shared memory is chosen at launch
-    spill_stores: int
-    spill_loads: int
-    stack_bytes: int
-    # "ptxas": from ptxas's verbose log. "driver": NVRTC returned no log (NVRTC 13.0 on the H200
-    # machine did, for some builds of one source and not others), so the loaded kernel's
-    # attributes: registers and local memory; the spill counts are then the local bytes (an
-    # upper bound: any stack frame counts), 0 when there is none.
-    source: str = "ptxas"
-
-
-@dataclass(frozen=True)
-class CudaBuild:
-    """What identifies one compiled module, stored with every result that used it."""
-
-    name: str
-    build_hash: str  # the cache key
-    source_sha256: str
-    binary_sha256: str
-    flags: tuple[str, ...]
-    defines: tuple[tuple[str, str], ...]
-    arch: str
-    nvrtc_version: str
-    headers: tuple[tuple[str, str], ...]  # (local header name, its SHA-256)
-    resources: dict = field(default_factory=dict)  # mangled kernel name -> KernelResources
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["flags"] = list(self.flags)
-        d["defines"] = {k: v for k, v in self.defines}
-        d["headers"] = {k: v for k, v in self.headers}
-        d["resources"] = {k: asdict(v) for k, v in self.resources.items()}
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @property
-    def spills(self) -> int:
-        return sum(r.spill_stores + r.spill_loads for r in self.resources.values())
-
 
 class CudaBuildError(RuntimeError):
     """NVRTC rejected a source: the message carries its log."""
@@ -101,6 +44,7 @@ class CudaBuildError(RuntimeError):
             where = "the log could not be saved"
         first = f": {errors[0]}" + (f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else "") if errors else ""
         return f"{head.split(': ', 1)[0]}{first}; {where}"
+
 
 
 # ---------------------------------------------------------------------------- environment
@@ -135,51 +79,6 @@ def cuda_include_dirs() -> list[str]:
             seen.add(d)
             out.append(d)
     return out[:1]  # one toolkit's headers, never a mix
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("MOEBENCH_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "moebench"
-    return base / "cuda"
-
-
-# ---------------------------------------------------------------------------- key
-
-def include_closure(source: str, lookup) -> dict[str, str]:
-    """Text of every `#include "..."` header reachable from `source`, by name; `lookup(name)`
-    gives a header's text, or None to leave that name to the compiler's own search."""
-    out: dict[str, str] = {}
-    todo = list(_INCLUDE_RE.findall(source))
-    while todo:
-        name = todo.pop()
-        if name in out:
-            continue
-        text = lookup(name)
-        if text is not None:
-            out[name] = text
-            todo.extend(_INCLUDE_RE.findall(text))
-    return dict(sorted(out.items()))
-
-
-def local_headers(source: str, search: tuple[Path, ...]) -> dict[str, str]:
-    """Text of every local header the source includes, found in the `search` folders."""
-    def lookup(name: str) -> str | None:
-        found = next((d / name for d in search if (d / name).is_file()), None)
-        return found.read_text() if found is not None else None
-    return include_closure(source, lookup)
-
-
-def build_key(source: str, headers: dict[str, str], flags: tuple[str, ...],
-              defines: dict[str, str], arch: str, nvrtc: str, name_expressions: tuple[str, ...] = ()) -> str:
-    h = hashlib.sha256()
-    blob = {
-        "format": CACHE_FORMAT, "arch": arch, "nvrtc": nvrtc, "flags": list(flags),
-        "defines": sorted(defines.items()), "name_expressions": list(name_expressions),
-        "source": hashlib.sha256(source.encode()).hexdigest(),
-        "headers": {k: hashlib.sha256(v.encode()).hexdigest() for k, v in headers.items()},
-    }
-    h.update(json.dumps(blob, sort_keys=True).encode())
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------- ptxas log
@@ -251,43 +150,6 @@ def _program_options(name: str, arch: str, flags: tuple[str, ...], defines: dict
     return ProgramOptions(**kw)
 
 
-# ---------------------------------------------------------------------------- cache I/O
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _read_entry(root: Path, key: str) -> tuple[bytes, dict] | None:
-    """The cubin and metadata of a whole, uncorrupted entry; None otherwise."""
-    meta_path, bin_path = root / f"{key}.json", root / f"{key}.cubin"
-    try:
-        meta = json.loads(meta_path.read_text())
-        cubin = bin_path.read_bytes()
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
-        return None
-    if hashlib.sha256(cubin).hexdigest() != meta.get("build", {}).get("binary_sha256"):
-        return None
-    return cubin, meta
-
-
-def _build_from_meta(meta: dict) -> CudaBuild:
-    b = dict(meta["build"])
-    b["flags"] = tuple(b["flags"])
-    b["defines"] = tuple(sorted(b["defines"].items()))
-    b["headers"] = tuple(sorted(b["headers"].items()))
-    b["resources"] = {k: KernelResources(**v) for k, v in b["resources"].items()}
-    return CudaBuild(**b)
-
-
 # ---------------------------------------------------------------------------- module
 
 class CudaModule:
@@ -335,110 +197,14 @@ class CudaModule:
 _MEMO: dict[str, CudaModule] = {}
 
 
-# ---------------------------------------------------------------------------- source overrides
+# ---------------------------------------------------------------------------- compile
 
-@dataclass(frozen=True)
-class SourceOverride:
-    """Compile `path` (its directory searched first for local headers), with `defines` added,
-    wherever code asks compile_source for the built-in source named `source_name`. This is
-    how `--build` times one arm family from another source without touching the arm."""
-
-    source_name: str  # e.g. "sm90_fused_moe.cu": matched against the requested file's name
-    path: Path
-    defines: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass
-class _OverrideScope:
-    overrides: dict[str, SourceOverride]
-    used: list[CudaBuild] = field(default_factory=list)  # every build an override applied to
-
-
-_OVERRIDE: contextvars.ContextVar[_OverrideScope | None] = contextvars.ContextVar("moebench_source_override",
-                                                                                   default=None)
-
-
-@contextlib.contextmanager
-def source_override(*overrides: SourceOverride):
-    """Within the block, compile_source substitutes each override's file for its source name.
-    Yields the list of CudaBuilds compiled (or found cached) under an override, so a caller can
-    check that the code it ran really went through the override."""
-    scope = _OverrideScope({o.source_name: o for o in overrides})
-    token = _OVERRIDE.set(scope)
-    try:
-        yield scope.used
-    finally:
-        _OVERRIDE.reset(token)
-
-
-def _apply_override(source, defines: dict[str, str]):
-    """(source, defines, scope) with the active override for this source, if any."""
-    scope = _OVERRIDE.get()
-    if scope is None or not (isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source)):
-        return source, defines, None
-    o = scope.overrides.get(Path(source).name)
-    if o is None:
-        return source, defines, None
-    clash = sorted(k for k, _ in o.defines if k in defines)
-    if clash:
-        from moebench.errors import UserError
-        raise UserError(f"define {', '.join(clash)} is set by the arm itself for {o.source_name}; "
-                        "change it through the arm's options, not --define")
-    return o.path, {**defines, **dict(o.defines)}, scope
-
-
-def compile_source(source: str | os.PathLike, *, defines: dict[str, str] | None = None,
-                   name_expressions: tuple[str, ...] = (), arch: str = DEFAULT_ARCH,
-                   extra_flags: tuple[str, ...] = (), name: str | None = None,
-                   use_cache: bool = True) -> CudaModule:
-    """Compile a .cu file (a path, or a file name in moebench/kernels/) or source text for
-    `arch`, through the on-disk cache. Needs no GPU. Inside `source_override`, a file with an
-    overridden name compiles from the override's path and defines instead."""
-    defines = {str(k): str(v) for k, v in (defines or {}).items()}
-    source, defines, scope = _apply_override(source, defines)
-    module = _compile_cached(source, defines, name_expressions, arch, extra_flags, name, use_cache)
-    if scope is not None:
-        scope.used.append(module.build)
-    return module
-
-
-def _compile_cached(source, defines: dict[str, str], name_expressions, arch, extra_flags, name,
-                    use_cache) -> CudaModule:
-    text, name, search = _resolve_source(source, name)
-    flags = tuple(BASE_FLAGS) + tuple(extra_flags)
-    headers = local_headers(text, search)
-    nvrtc = nvrtc_version()
-    key = build_key(text, headers, flags, defines, arch, nvrtc, tuple(name_expressions))
-    if use_cache and key in _MEMO:
-        return _MEMO[key]
-    root = cache_dir()
-    if use_cache:
-        hit = _read_entry(root, key)
-        if hit is None:
-            with _locked(root / f"{key}.lock"):
-                hit = _read_entry(root, key)  # another process may have built it meanwhile
-                if hit is None:
-                    module = _compile(text, name, search, headers, flags, defines, arch, nvrtc,
-                                      tuple(name_expressions), key)
-                    _publish(root, key, module)
-                    _MEMO[key] = module
-                    return module
-        cubin, meta = hit
-        module = CudaModule(_build_from_meta(meta), cubin, meta.get("symbol_mapping", {}),
-                            meta.get("log", ""), cache_hit=True)
-    else:
-        module = _compile(text, name, search, headers, flags, defines, arch, nvrtc,
-                          tuple(name_expressions), key)
-    _MEMO[key] = module
-    return module
-
-
-def clear_memo() -> None:
-    """Forget modules loaded in this process (tests; the disk cache is untouched)."""
-    _MEMO.clear()
-
-
-def _resolve_source(source, name) -> tuple[str, str, tuple[Path, ...]]:
+def as_kernel_source(source: KernelSource | str | os.PathLike, name: str | None = None) -> KernelSource:
+    """A KernelSource from what callers pass: one, a .cu/.cuh path (or a file name of
+    moebench/kernels), or source text (its headers looked up in moebench/kernels)."""
+    if isinstance(source, KernelSource):
+        return source if name is None else KernelSource(name, source.text, source.headers, source.defines,
+                                                        source.origin)
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
                                             and source.endswith((".cu", ".cuh"))):
         p = Path(source)
@@ -446,36 +212,70 @@ def _resolve_source(source, name) -> tuple[str, str, tuple[Path, ...]]:
             p = KERNELS_DIR / p
         if not p.is_file():
             raise FileNotFoundError(f"no CUDA source {source}")
-        return p.read_text(), name or p.name, (p.resolve().parent, KERNELS_DIR)
-    return str(source), name or "inline.cu", (KERNELS_DIR,)
+        found = KernelSource.from_file(p)
+    else:
+        found = KernelSource.from_text(str(source))
+    return found if name is None else KernelSource(name, found.text, found.headers, (), found.origin)
 
 
-def _compile(text, name, search, headers, flags, defines, arch, nvrtc, name_expressions, key) -> CudaModule:
+def compile_source(source: KernelSource | str | os.PathLike, *, defines: dict[str, str] | None = None,
+                   name_expressions: tuple[str, ...] = (), arch: str = DEFAULT_ARCH,
+                   extra_flags: tuple[str, ...] = (), name: str | None = None,
+                   use_cache: bool = True) -> CudaModule:
+    """Compile `source` with the arm's `defines` (and the source's own) for `arch`, through
+    the on-disk cache. Needs no GPU."""
+    src = as_kernel_source(source, name)
+    all_defines = src.all_defines(defines or {})
+    flags = tuple(BASE_FLAGS) + tuple(extra_flags)
+    nvrtc = nvrtc_version()
+    key = build_key(src.text, dict(src.headers), flags, all_defines, arch, nvrtc, tuple(name_expressions))
+    if use_cache and key in _MEMO:
+        return _MEMO[key]
+    root = cache_dir()
+    if not use_cache:
+        module = _compile(src, flags, all_defines, arch, nvrtc, tuple(name_expressions), key)
+    elif (hit := read_entry(root, key)) is not None:
+        module = _from_entry(*hit)
+    else:
+        with locked(root / f"{key}.lock"):
+            hit = read_entry(root, key)  # another process may have built it meanwhile
+            if hit is not None:
+                module = _from_entry(*hit)
+            else:
+                module = _compile(src, flags, all_defines, arch, nvrtc, tuple(name_expressions), key)
+                publish(root, key, module.build, module.cubin, module.symbol_mapping, module.log)
+    _MEMO[key] = module
+    return module
+
+
+def _from_entry(cubin: bytes, meta: dict) -> CudaModule:
+    return CudaModule(build_from_meta(meta), cubin, meta.get("symbol_mapping", {}), meta.get("log", ""),
+                      cache_hit=True)
+
+
+def clear_memo() -> None:
+    """Forget modules loaded in this process (tests; the disk cache is untouched)."""
+    _MEMO.clear()
+
+
+def _compile(src: KernelSource, flags, defines, arch, nvrtc, name_expressions, key) -> CudaModule:
     from cuda.core import Program
-    include_dirs = [str(d) for d in dict.fromkeys(search)] + cuda_include_dirs()
-    options = _program_options(name, arch, flags, defines, include_dirs)
+    folder = materialize(src, sources_dir()).parent  # NVRTC includes from here only
+    options = _program_options(src.filename, arch, flags, defines, [str(folder)] + cuda_include_dirs())
     log = io.StringIO()
     try:
-        program = Program(text, "c++", options)
+        program = Program(src.text, "c++", options)
         obj = program.compile("cubin", name_expressions=tuple(name_expressions), logs=log)
     except Exception as err:  # NVRTC's log is in the message or in `log`
-        raise CudaBuildError(f"NVRTC failed to compile {name} for {arch}: {err}\n{log.getvalue()}") from err
+        raise CudaBuildError(f"NVRTC failed to compile {src.filename} for {arch}: {err}\n{log.getvalue()}") from err
     cubin = bytes(obj.code)
     mapping = getattr(obj, "symbol_mapping", None) or getattr(obj, "_sym_map", None) or {}
     mapping = {str(k): (v.decode() if isinstance(v, bytes) else str(v)) for k, v in mapping.items()}
     build = CudaBuild(
-        name=name, build_hash=key, source_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        name=src.filename, build_hash=key, source_sha256=src.sha256,
         binary_sha256=hashlib.sha256(cubin).hexdigest(), flags=flags,
         defines=tuple(sorted(defines.items())), arch=arch, nvrtc_version=nvrtc,
-        headers=tuple((k, hashlib.sha256(v.encode()).hexdigest()) for k, v in headers.items()),
+        headers=tuple((k, hashlib.sha256(v.encode()).hexdigest()) for k, v in src.headers),
         resources=parse_ptxas_log(log.getvalue()),
     )
     return CudaModule(build, cubin, mapping, log.getvalue(), cache_hit=False)
-
-
-def _publish(root: Path, key: str, module: CudaModule) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    meta = {"format": CACHE_FORMAT, "build": module.build.to_dict(),
-            "symbol_mapping": module.symbol_mapping, "log": module.log}
-    atomic_write(root / f"{key}.cubin", module.cubin)
-    atomic_write(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())  # last

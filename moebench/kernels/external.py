@@ -46,7 +46,6 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
-from moebench.kernels import arm as arm_registry
 from moebench.kernels.arm import Arm, ArmFactory, PreparedCall, as_kernel_decls
 
 ENTRY_POINT_GROUP = "moebench.arms"
@@ -152,11 +151,10 @@ def external_arm_factory(name: str, target: str) -> ArmFactory:
     return factory
 
 
-def register_entry_point_arms(registry: dict[str, ArmFactory] | None = None) -> list[str]:
+def register_entry_point_arms(registry: dict[str, ArmFactory]) -> list[str]:
     """Register every `moebench.arms` entry point not already known, lazily (the module is
     imported only when the arm is made). Returns the names registered now; a name that a
     built-in arm holds is skipped (the built-in wins)."""
-    registry = arm_registry.ARMS if registry is None else registry
     try:
         eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
     except Exception:  # noqa: BLE001 (a broken distribution must not stop the built-in arms)
@@ -168,17 +166,3 @@ def register_entry_point_arms(registry: dict[str, ArmFactory] | None = None) -> 
         registry[ep.name] = external_arm_factory(ep.name, ep.value)
         added.append(ep.name)
     return added
-
-
-def external_arm_factories(texts) -> dict[str, ArmFactory]:
-    """`--arm NAME=module:factory` items -> {name: factory}; names must be new."""
-    known = arm_registry.load_builtin_arms()
-    out: dict[str, ArmFactory] = {}
-    for text in texts:
-        name, target = parse_external_arm(text)
-        if name in out:
-            raise UserError(f"--arm: arm {name!r} given twice")
-        if name in known:
-            raise UserError(f"--arm {text!r}: {name!r} is already an arm; choose another name")
-        out[name] = external_arm_factory(name, target)
-    return out

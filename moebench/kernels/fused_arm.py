@@ -32,6 +32,7 @@ from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALON
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
                                            kernel_defines, launch_blocks, meta_bytes, occupancies,
                                            pick_occupancy, shared_bytes, x_row)
+from moebench.kernels.kernel_source import KernelSource
 
 SOURCE = "sm90_fused_moe.cu"
 KERNEL_NAME = "moebench_fused_moe"
@@ -40,14 +41,16 @@ KERNEL_NAME = "moebench_fused_moe"
 # ------------------------------------------------------------------------------ build and launch shape
 
 
-# Cached per process here, in the arm's own module: a `--build` run clears this module's caches
-# around each build's prepare (builds._forget_module_caches).
 @functools.lru_cache(maxsize=None)
-def build_fused(block_m: int, stages: int, per_sm: int | None, cluster: int):
-    """The compiled module for one meta-parameter set (NVRTC, cached on disk)."""
+def build_fused(source: KernelSource, block_m: int, stages: int, per_sm: int | None, cluster: int):
+    """The module `source` compiles to for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
     per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
-    return compile_source(SOURCE, defines=kernel_defines(block_m, stages, per_sm, cluster))
+    return compile_source(source, defines=kernel_defines(block_m, stages, per_sm, cluster))
+
+
+def shipped_source() -> KernelSource:
+    return KernelSource.shipped(SOURCE)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class LaunchOption:
 
 
 def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm: int | None = None,
-                   stages: int | None = None) -> list[LaunchOption]:
+                   stages: int | None = None, source: KernelSource | None = None) -> list[LaunchOption]:
     """The launches `pick_occupancy` weighs: the default occupancy and one more CTA an SM
     with the deepest ring that still fits; only the given occupancy or ring depth where one
     is set."""
@@ -88,7 +91,7 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
         st = choose_stages(block_m, K, ps, cluster) if stages is None else stages
         smem = shared_bytes(block_m, st, K, cluster)
         _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
-        module = build_fused(block_m, st, ps, cluster)
+        module = build_fused(source or shipped_source(), block_m, st, ps, cluster)
         kernel = module.kernel(KERNEL_NAME, device_index)
         raise_shared_limit(kernel, smem, device_index)
         resident = resident_lb = resident_clusters(kernel, smem, device_index, ps, cluster)
@@ -123,12 +126,13 @@ def resident_clusters(kernel, smem: int, device_index: int, per_sm: int, cluster
 def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
                       out: torch.Tensor | None = None, *, stages: int | None = None,
                       per_sm: int | None = None, max_clusters: int | None = None,
-                      items: int | None = None):
+                      items: int | None = None, source: KernelSource | None = None):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream.
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
     (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
-    cluster size is the one `weights` were laid out for."""
+    cluster size is the one `weights` were laid out for. The kernel is compiled from `source`
+    (the shipped file when None)."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, set_cluster_policy
@@ -142,7 +146,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
     items = max_blocks * G if items is None else items
-    options = launch_options(bm, K, x.device.index, cluster, per_sm, stages)
+    options = launch_options(bm, K, x.device.index, cluster, per_sm, stages, source)
     opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, max_blocks * G)) for o in options])]
     per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
     # (the occupancy is picked on the default placement's residency; the policy then sets the grid)
@@ -189,17 +193,18 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 
 @register_arm("cuda-fused")
 class CudaFusedArm(Arm):
-    name = "cuda-fused"
     description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
+    source_file = SOURCE
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
-                 cluster: int | None = None, max_clusters: int | None = None):
+                 cluster: int | None = None, max_clusters: int | None = None, source: KernelSource | None = None):
         if cluster is not None and cluster not in CLUSTERS:
             raise UserError(f"cuda-fused: cluster={cluster} must be one of {', '.join(map(str, CLUSTERS))}")
         if max_clusters is not None and max_clusters < 1:
             raise UserError(f"cuda-fused: max_clusters={max_clusters} must be at least 1")
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
         self.max_clusters = max_clusters
+        self.source = source or shipped_source()
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
@@ -226,7 +231,7 @@ class CudaFusedArm(Arm):
         weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, self.cluster or DEFAULT_CLUSTER)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
-                                                      max_clusters=self.max_clusters)
+                                                      max_clusters=self.max_clusters, source=self.source)
         res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,

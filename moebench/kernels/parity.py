@@ -10,38 +10,18 @@ see moebench.fixtures.oracle); its distance from the exact oracle is reported be
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from moebench.fixtures import Fixture, fixture_reference, rel_l2_error
 from moebench.kernels.arm import PreparedCall
+from moebench.results.schema import ParityInfo
 
 REL_L2_THRESHOLD = 1e-2  # FP8 requant boundaries flip a few codes; a correct kernel lands far below
 
 
-@dataclass(frozen=True)
-class Parity:
-    arm: str
-    shape: str
-    rel_l2: float
-    max_abs: float
-    ref_max_abs: float
-    nonfinite: int  # unwritten (still NaN poison) or NaN/Inf produced
-    threshold: float = REL_L2_THRESHOLD
-    oracle: str = "exact"  # the roundings rel_l2 was measured against
-    rel_l2_exact: float | None = None  # against the exact oracle, when `oracle` is another
-
-    @property
-    def passed(self) -> bool:
-        return self.nonfinite == 0 and self.rel_l2 <= self.threshold
-
-    def reason(self) -> str:
-        if self.nonfinite:
-            return f"{self.nonfinite} output elements unwritten or not finite"
-        if self.rel_l2 > self.threshold:
-            return f"relative L2 error {self.rel_l2:.3g} > {self.threshold:g}"
-        return "ok"
+Parity = ParityInfo  # the record a result stores; nonfinite counts unwritten (still NaN) or NaN/Inf
 
 
 def poison(t: torch.Tensor) -> None:
@@ -59,7 +39,8 @@ def compare(arm: str, shape: str, out: torch.Tensor, ref: torch.Tensor,
         rel = rel_l2_error(out32, ref32)
         max_abs = float((out32 - ref32).abs().max()) if out32.numel() else 0.0
     ref_max = float(ref32.abs().max()) if ref32.numel() else 0.0
-    return Parity(arm, shape, rel, max_abs, ref_max, nonfinite, threshold)
+    return Parity(shape=shape, arm=arm, rel_l2=rel, max_abs=max_abs, nonfinite=nonfinite, threshold=threshold,
+                  passed=nonfinite == 0 and rel <= threshold, ref_max_abs=ref_max)
 
 
 class References:

@@ -217,7 +217,6 @@ def load_engine() -> Engine:
 
 @register_arm("sglang")
 class SglangArm(Arm):
-    name = "sglang"
     description = "referee: SGLang's own fused_moe_kernel GEMMs with its configs, TMA and PDL (installed engine)"
 
     def __init__(self, pdl: bool = True):

@@ -37,6 +37,8 @@ from moebench.kernels.engine_config import (DEFAULT_CONFIG, SWAP_AB_RULE, Config
                                             swap_ab_rule)
 
 KERNEL_MODULE = "moebench.kernels.triton_moe"
+# Every module of @triton.jit functions, in import order (each imports the ones before it).
+KERNEL_MODULES = ("moebench.kernels.triton_rounding", "moebench.kernels.triton_moe_gemm", KERNEL_MODULE)
 QUANT_GROUP = 128
 
 STOCK_CONFIG = DEFAULT_CONFIG  # vLLM/SGLang get_default_config, fp8_w8a8 with block_shape [128, 128]
@@ -72,13 +74,18 @@ def kernels_module():
     if module is None:
         return importlib.import_module(KERNEL_MODULE)
     if module.INTERPRETED != interpreter_requested():
-        module = importlib.reload(module)
+        for name in KERNEL_MODULES:
+            importlib.reload(importlib.import_module(name))
+        module = sys.modules[KERNEL_MODULE]
     return module
 
 
 def _kernel_source_sha256() -> str:
-    path = Path(__file__).with_name("triton_moe.py")
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """SHA-256 over the kernel modules' files, in order."""
+    h = hashlib.sha256()
+    for name in KERNEL_MODULES:
+        h.update(Path(__file__).with_name(name.rpartition(".")[2] + ".py").read_bytes())
+    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,21 +282,18 @@ def stock_workspace(fx: Fixture, block_m: int, sorted_down: bool) -> StockWorksp
 
 @register_arm("triton")
 class StockTritonArm(TritonMoeArm):
-    name = "triton"
     description = ("stock Triton path as the engines launch it here: their tuned tables (up and down), plan "
                    "sizing, swap-AB rule, TMA and PDL")
 
 
 @register_arm("triton-default")
 class DefaultTritonArm(TritonMoeArm):
-    name = "triton-default"
     description = "stock Triton path with the engines' untuned default config (BM64/BN128/BK128, group-M 32)"
     tables_only_default = True
 
 
 @register_arm("triton-swapab")
 class SwapABTritonArm(TritonMoeArm):
-    name = "triton-swapab"
     description = "stock Triton path with the swap-AB rule on any device (BM 16 where no table exists)"
     fallback_config = SWAPAB_DEFAULT_CONFIG
     swap_on_any_device = True

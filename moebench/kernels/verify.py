@@ -15,7 +15,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, derive
-from moebench.kernels.arm import make_arms
+from moebench.kernels.registry import make_arms
 from moebench.kernels.parity import REL_L2_THRESHOLD, Parity, References, check_parity
 
 EDGE_CASE_M = 64 + 3  # one past a multiple of the stock BLOCK_SIZE_M (64) and of every smaller one

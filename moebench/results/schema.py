@@ -13,11 +13,16 @@ Format history:
     every sample.
     RunResult.noise (later, defaulted to none): a measured noise floor per shape and arm, the
     relative change that identical code shows between two prepared copies of itself.
+    ParityInfo.ref_max_abs (None in older files).
+
+These records are the types of every stage that makes them, not copies: the fixtures' Floors,
+the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -138,12 +143,17 @@ class Settings:
 
 @dataclass(frozen=True)
 class Floors:
+    """What a fixture must cost at the least: bytes that cross HBM once, and FLOPs."""
+
     experts_routed: int
-    weight_bytes: int
-    activation_bytes: int
-    output_bytes: int
-    hbm_bytes: int
-    flops: int
+    weight_bytes: int  # FP8 weights and FP32 block scales of the experts actually routed
+    activation_bytes: int  # FP8 activations, their scales, routing ids and weights
+    output_bytes: int  # BF16 output
+    hbm_bytes: int  # the three above
+    flops: int  # 2*N*K + 2*K*I per token slot
+
+    def hbm_floor_us(self, bandwidth_bytes_per_s: float) -> float:
+        return self.hbm_bytes / bandwidth_bytes_per_s * 1e6
 
 
 @dataclass(frozen=True)
@@ -164,9 +174,15 @@ class FixtureInfo:
 
 @dataclass(frozen=True)
 class DeclaredKernel:
+    """One kernel a sample must contain: `count` launches whose name matches `pattern`
+    (re.search against the name CUPTI reports)."""
+
     label: str
     pattern: str
-    count: int
+    count: int = 1
+
+    def matches(self, kernel_name: str) -> bool:
+        return re.search(self.pattern, kernel_name) is not None
 
 
 @dataclass(frozen=True)
@@ -189,6 +205,14 @@ class ParityInfo:
     passed: bool
     oracle: str = "exact"  # the roundings the arm declared and was judged against
     rel_l2_exact: float | None = None  # against the exact oracle, when `oracle` is another
+    ref_max_abs: float | None = None  # the oracle's largest magnitude, for scale
+
+    def reason(self) -> str:
+        if self.nonfinite:
+            return f"{self.nonfinite} output elements unwritten or not finite"
+        if self.rel_l2 > self.threshold:
+            return f"relative L2 error {self.rel_l2:.3g} > {self.threshold:g}"
+        return "ok"
 
 
 @dataclass(frozen=True)
