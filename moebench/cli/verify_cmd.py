@@ -9,6 +9,7 @@ from rich.table import Table
 from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, registry, shape_option,
                                  shapes_file_option, triton_config_option)
+from moebench.cli.determinism_cmd import check_determinism_flags, determinism_options, verify_determinism
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture
 from moebench.kernels.arm import default_arms, parse_arm_list
@@ -31,11 +32,14 @@ from moebench.results.tables import make_console
 @click.option("--threshold", type=float, default=REL_L2_THRESHOLD, show_default=True,
               help="Largest relative L2 error that passes.")
 @max_fixture_gb_option
+@determinism_options
 def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold,
-           max_fixture_gb):
+           max_fixture_gb, determinism, runs, out, cross_process, external_arms):
     """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure.
-    With no --arms, every built-in arm that can run here."""
+    With no --arms, every built-in arm that can run here. With --determinism, check instead that
+    each arm's output is the same bits run to run, inside larger batches and in a fresh process."""
     options = {"triton_config": triton_config, "pdl": pdl}
+    check_determinism_flags(determinism, edge_cases, out, external_arms, runs)
     names = parse_arm_list(list(arms)) if arms else None
     specs = registry(shapes_file, max_fixture_gb).resolve_many(list(shapes) or [], balancedness=balancedness)
     if not threshold > 0:
@@ -48,12 +52,17 @@ def verify(shapes, shapes_file, balancedness, arms, interpret, triton_config, pd
     else:
         raise UserError("no CUDA device here; --interpret runs the Triton kernels on the CPU")
     console = make_console()
+    if names is None and determinism and external_arms:
+        names = []  # only the --arm arms
     if names is None:
         names, skipped = default_arms(device, options)
         if skipped:
             console.print("[dim]arms left out: " + "; ".join(f"{n} ({why})" for n, why in skipped) + "[/]")
         if not names:
             raise UserError("no arm can run here")
+    if determinism:
+        return verify_determinism(specs, names, device, console, options=options, seed=seed, runs=runs, out=out,
+                                  cross_process=cross_process, external_arms=external_arms, interpret=interpret)
     rows = []
     for spec in specs:
         fx = build_fixture(spec).to(device)

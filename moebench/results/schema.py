@@ -9,6 +9,9 @@ Format history:
     ArmSummary.sum_median_ns and the headline gpu_busy (the union of a sample's kernel
     intervals; equal to gpu_sum in every file written before PDL arms, whose kernels never
     overlap).
+    RunResult.determinism (`verify --determinism --out`): per arm and shape, run-to-run, batch
+    invariance and across-processes verdicts (moebench.results.determinism_records); a file of
+    verdicts alone has no samples and timer "none".
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from moebench.results.determinism_records import DeterminismVerdict
 
 SCHEMA_VERSION = 1
 FORMAT = "moebench.RunResult"
@@ -273,6 +278,7 @@ class RunResult:
     ratios: tuple[RatioSummary, ...]
     format: str = FORMAT
     build_parity: tuple[BuildParity, ...] = ()
+    determinism: tuple[DeterminismVerdict, ...] = ()
 
 
 # --- plain data <-> records ------------------------------------------------------------
