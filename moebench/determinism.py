@@ -18,6 +18,7 @@ moebench.results.determinism_view.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -223,8 +224,6 @@ def check_arms(fx: Fixture, names: list[str], *, options: dict | None = None, ex
             accepts = inspect.signature(factories[arm.name]).parameters
             mine = {k: v for k, v in (options or {}).items() if k in accepts}
             request = ChildRequest.for_fixture(fx, arm.name, mine, tuple(external))
-
-            def child(here: str, request=request) -> CrossProcess:
-                return cross_process_check(request, here, timeout_s)
+            child = functools.partial(cross_process_check, request, timeout_s=timeout_s)
         verdicts.append(check_arm(arm, fx, runs=runs, rows=rows, cross_process=child, seed=seed))
     return verdicts

@@ -212,6 +212,11 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 # ------------------------------------------------------------------------------ the arm
 
 
+FUSED_KERNELS = (KernelDecl("fused", r"moebench_fused_moe", 1),)
+FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
+                     KernelDecl("combine", r"moebench_fused_moe_combine", 1))
+
+
 @register_arm("cuda-fused")
 class CudaFusedArm(Arm):
     name = "cuda-fused"
@@ -263,10 +268,7 @@ class CudaFusedArm(Arm):
             "items": items, "build": module.build.to_dict(), "deterministic": self.deterministic,
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
         }
-        kernels = (KernelDecl("fused", r"moebench_fused_moe", 1),)
-        if self.deterministic:
-            kernels = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
-                       KernelDecl("combine", r"moebench_fused_moe_combine", 1))
+        kernels = FUSED_DET_KERNELS if self.deterministic else FUSED_KERNELS
         return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels, reset=out.zero_,
                             identity=identity, workspace=dims["workspace"])
 
