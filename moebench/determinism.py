@@ -43,10 +43,10 @@ BATCH_ROWS = (1, 8)  # and M
 # What the engines define for batch invariance, beside the arms that follow them (read from their
 # sources; moebench times the stock settings, not these modes).
 ENGINE_NOTES = {
-    "triton": "config follows M (tuned table); vLLM VLLM_BATCH_INVARIANT=1 pins one config for every M",
-    "triton-swapab": "config follows M (tuned table); vLLM VLLM_BATCH_INVARIANT=1 pins one config for every M",
-    "triton-default": "one config at every M (vLLM's batch-invariant mode also pins one: BM64 BN64 BK32)",
-    "vllm": "vLLM: VLLM_BATCH_INVARIANT=1 pins one fused-MoE config for every M",
+    "triton": "config follows M (tuned table); vLLM VLLM_BATCH_INVARIANT=1 defaults to one config for every M",
+    "triton-swapab": "config follows M (tuned table); vLLM VLLM_BATCH_INVARIANT=1 defaults to one config for every M",
+    "triton-default": "one config at every M (vLLM's batch-invariant default is one too: BM64 BN64 BK32)",
+    "vllm": "vLLM: VLLM_BATCH_INVARIANT=1 defaults to one fused-MoE config for every M",
     "sglang": "SGLang: --enable-deterministic-inference (batch-invariant matmul, attention, sampling)",
     "cuda-fused": "BF16 reduce-adds into the output in the order the hardware takes them",
     "cuda-fused-det": "DETERMINISTIC build: per-slot rows summed in a fixed order",
