@@ -27,10 +27,11 @@ class VerifyRequest:
     balancedness: float = 0.8
     shapes_file: str | None = None
     max_fixture_gb: float = 16.0
+    external_arms: tuple[str, ...] = ()  # `--arm NAME=module:factory` (with --determinism)
 
 
-def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None) -> tuple[list, torch.device]:
-    """Every check's row (moebench.kernels.verify), and the device they ran on."""
+def _setup(req: VerifyRequest, log: Callable[[str], None]) -> tuple[list, list[str], torch.device]:
+    """The request's shape specs, arm names and device (user mistakes as UserError)."""
     registry = ShapeRegistry(max_fixture_gb=req.max_fixture_gb)
     if req.shapes_file:
         registry = registry.with_shapes_file(req.shapes_file)
@@ -45,15 +46,48 @@ def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None) -> t
     else:
         raise UserError("no CUDA device here; --interpret runs the Triton kernels on the CPU")
     names = list(req.arms) if req.arms is not None else None
+    if names is None and req.external_arms:
+        names = []  # only the --arm arms
     if names is None:
         names, skipped = default_arms(device, req.options)
         if skipped:
             log("arms left out: " + "; ".join(f"{n} ({why})" for n, why in skipped))
         if not names:
             raise UserError("no arm can run here")
+    return specs, names, device
+
+
+def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None) -> tuple[list, torch.device]:
+    """Every check's row (moebench.kernels.verify), and the device they ran on."""
+    specs, names, device = _setup(req, log)
     rows = []
     for spec in specs:
         fx = build_fixture(spec).to(device)
         rows += verify_arms(fx, names, options=req.options, seed=req.seed, with_edge_cases=req.edge_cases,
                             threshold=req.threshold)
     return rows, device
+
+
+def verify_determinism(req: VerifyRequest, *, runs: int | None, cross_process: bool, command: list[str],
+                       log: Callable[[str], None] = lambda m: None):
+    """`verify --determinism`: every arm's verdicts at every shape, the device, and the
+    verdicts as a RunResult (moebench.determinism_result) for `--out`."""
+    from moebench.determinism import DEFAULT_RUNS, check_arms
+    from moebench.determinism_result import determinism_result
+    from moebench.kernels.external import parse_external_arm
+    from moebench.results.provenance import utc_now
+    runs = DEFAULT_RUNS if runs is None else runs
+    if runs < 2:
+        raise UserError(f"--runs must be at least 2, got {runs}")
+    specs, names, device = _setup(req, log)
+    names = list(names) + [parse_external_arm(t)[0] for t in req.external_arms]
+    started_at = utc_now()
+    verdicts, fixtures = [], []
+    for spec in specs:
+        fx = build_fixture(spec).to(device)
+        fixtures.append(fx)
+        verdicts += check_arms(fx, names, options=req.options, external=tuple(req.external_arms), runs=runs,
+                               cross_process=cross_process, seed=req.seed)
+    result = determinism_result(verdicts, fixtures, command=command, started_at=started_at, device=device,
+                                options={**req.options, "runs": runs})
+    return verdicts, device, result

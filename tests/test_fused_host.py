@@ -430,14 +430,16 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
             for cluster in fused_arm.CLUSTERS:
                 if cluster == 1 and bm > fused_arm.MAX_BLOCK_M_ALONE:
                     continue
-                for per_sm in fused_arm.occupancies(bm, cluster):  # what pick_occupancy weighs
-                    try:
-                        stages = choose_stages(bm, K, per_sm, cluster)
-                    except UserError:
-                        continue
-                    d = fused_arm.kernel_defines(bm, stages, per_sm, cluster)
-                    if (fused_arm.SOURCE, d) not in out:
-                        out.append((fused_arm.SOURCE, d))
+                for det in (False, True):  # cuda-fused, cuda-fused-det
+                    allowed = fused_arm.deterministic_occupancies if det else fused_arm.occupancies
+                    for per_sm in allowed(bm, cluster):  # what pick_occupancy weighs
+                        try:
+                            stages = choose_stages(bm, K, per_sm, cluster)
+                        except UserError:
+                            continue
+                        d = fused_arm.kernel_defines(bm, stages, per_sm, cluster, det)
+                        if (fused_arm.SOURCE, d) not in out:
+                            out.append((fused_arm.SOURCE, d))
     for cluster in fused_arm.CLUSTERS:  # the sanitizer's
         out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 from rich.table import Table
 
 from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
                                  shapes_file_option, triton_config_option)
+from moebench.cli.determinism_cmd import check_determinism_flags, determinism_options, print_determinism
 from moebench.kernels.registry import parse_arm_list
 from moebench.kernels.parity import REL_L2_THRESHOLD
-from moebench.parity_run import VerifyRequest, verify
+from moebench.parity_run import VerifyRequest, verify, verify_determinism
 from moebench.results.tables import make_console
 
 
@@ -27,16 +30,24 @@ from moebench.results.tables import make_console
 @click.option("--threshold", type=float, default=REL_L2_THRESHOLD, show_default=True,
               help="Largest relative L2 error that passes.")
 @max_fixture_gb_option
+@determinism_options
 def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold,
-           max_fixture_gb):
+                   max_fixture_gb, determinism, runs, out, cross_process, external_arms):
     """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure.
-    With no --arms, every built-in arm that can run here."""
+    With no --arms, every built-in arm that can run here. With --determinism, check instead that
+    each arm's output is the same bits run to run, inside larger batches and in a fresh process."""
+    check_determinism_flags(determinism, edge_cases, out, external_arms, runs)
     req = VerifyRequest(shapes=tuple(shapes), arms=tuple(parse_arm_list(list(arms))) if arms else None,
                         options={"triton_config": triton_config, "pdl": pdl}, interpret=interpret, seed=seed,
                         edge_cases=edge_cases, threshold=threshold, balancedness=balancedness,
-                        shapes_file=shapes_file, max_fixture_gb=max_fixture_gb)
+                        shapes_file=shapes_file, max_fixture_gb=max_fixture_gb, external_arms=tuple(external_arms))
     console = make_console()
-    rows, device = verify(req, log=lambda m: console.print(f"[dim]{m}[/]"))
+    log = lambda m: console.print(f"[dim]{m}[/]")  # noqa: E731
+    if determinism:
+        verdicts, device, result = verify_determinism(req, runs=runs, cross_process=cross_process,
+                                                      command=["moebench", *sys.argv[1:]], log=log)
+        return print_determinism(console, verdicts, result, device, interpret, out)
+    rows, device = verify(req, log=log)
     console.print(_parity_table(rows, device, interpret))
     failed = [r for r in rows if not r.passed]
     if failed:

@@ -30,23 +30,26 @@ from moebench.kernels.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP
 from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
                                            SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
-                                           kernel_defines, launch_blocks, meta_bytes, occupancies,
+                                           deterministic_occupancies, kernel_defines, launch_blocks, meta_bytes, occupancies,
                                            pick_occupancy, shared_bytes, x_row)
 from moebench.kernels.kernel_source import KernelSource
 
 SOURCE = "sm90_fused_moe.cu"
 KERNEL_NAME = "moebench_fused_moe"
+COMBINE_NAME = "moebench_fused_moe_combine"  # the deterministic build's second kernel
+COMBINE_THREADS = 256  # the .cu's COMBINE_THREADS
 
 
 # ------------------------------------------------------------------------------ build and launch shape
 
 
 @functools.lru_cache(maxsize=None)
-def build_fused(source: KernelSource, block_m: int, stages: int, per_sm: int | None, cluster: int):
+def build_fused(source: KernelSource, block_m: int, stages: int, per_sm: int | None, cluster: int,
+                deterministic: bool = False):
     """The module `source` compiles to for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
     per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
-    return compile_source(source, defines=kernel_defines(block_m, stages, per_sm, cluster))
+    return compile_source(source, defines=kernel_defines(block_m, stages, per_sm, cluster, deterministic))
 
 
 def shipped_source() -> KernelSource:
@@ -68,14 +71,16 @@ class LaunchOption:
 
 
 def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm: int | None = None,
-                   stages: int | None = None, source: KernelSource | None = None) -> list[LaunchOption]:
+                   stages: int | None = None, source: KernelSource | None = None,
+                   deterministic: bool = False) -> list[LaunchOption]:
     """The launches `pick_occupancy` weighs: the default occupancy and one more CTA an SM
     with the deepest ring that still fits; only the given occupancy or ring depth where one
     is set."""
     from moebench.kernels.cuda_launch import raise_shared_limit, set_cluster_policy
+    allowed = (deterministic_occupancies if deterministic else occupancies)(block_m, cluster)
     if per_sm is None and stages is None:
         per_sm_options = [ctas_per_sm(block_m, cluster)]
-        for ps in occupancies(block_m, cluster)[1:]:
+        for ps in allowed[1:]:
             try:
                 choose_stages(block_m, K, ps, cluster)
                 per_sm_options.append(ps)
@@ -83,7 +88,7 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
                 pass
     else:
         per_sm_options = [ctas_per_sm(block_m, cluster) if per_sm is None else per_sm]
-        most = max(occupancies(block_m, cluster))
+        most = max(allowed)
         _need(1 <= per_sm_options[0] <= most,
               f"per_sm={per_sm_options[0]} at block_m={block_m}: at most {most} CTA{'s' if most > 1 else ''} an SM")
     out = []
@@ -91,7 +96,7 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
         st = choose_stages(block_m, K, ps, cluster) if stages is None else stages
         smem = shared_bytes(block_m, st, K, cluster)
         _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
-        module = build_fused(source or shipped_source(), block_m, st, ps, cluster)
+        module = build_fused(source or shipped_source(), block_m, st, ps, cluster, deterministic)
         kernel = module.kernel(KERNEL_NAME, device_index)
         raise_shared_limit(kernel, smem, device_index)
         resident = resident_lb = resident_clusters(kernel, smem, device_index, ps, cluster)
@@ -126,13 +131,15 @@ def resident_clusters(kernel, smem: int, device_index: int, per_sm: int, cluster
 def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
                       out: torch.Tensor | None = None, *, stages: int | None = None,
                       per_sm: int | None = None, max_clusters: int | None = None,
-                      items: int | None = None, source: KernelSource | None = None):
+                      items: int | None = None, source: KernelSource | None = None,
+                      deterministic: bool = False):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream.
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
     (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
     cluster size is the one `weights` were laid out for. The kernel is compiled from `source`
-    (the shipped file when None)."""
+    (the shipped file when None). `deterministic`: the DETERMINISTIC build,
+    its contributions into a workspace (dims["workspace"]) and the combine kernel after it."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, set_cluster_policy
@@ -146,7 +153,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
     items = max_blocks * G if items is None else items
-    options = launch_options(bm, K, x.device.index, cluster, per_sm, stages, source)
+    options = launch_options(bm, K, x.device.index, cluster, per_sm, stages, source, deterministic)
     opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, max_blocks * G)) for o in options])]
     per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
     # (the occupancy is picked on the default placement's residency; the policy then sets the grid)
@@ -158,14 +165,23 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     clusters = min(resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
+    # Deterministic: every routed slot's rows of the workspace are written by each launch; rows of
+    # slots in skipped blocks (an expert outside [0, E)) stay the zeros they start as.
+    ws = torch.zeros(plan.num_slots * G, K, dtype=torch.bfloat16, device=x.device) if deterministic else None
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
-                                   topk_weights, out, work)]
+                                   topk_weights, out if ws is None else ws, work)]
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
     args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
     run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
-    keep = (x, x_scale, weights, plan, topk_weights, out, work)  # the pointers stay valid while launch lives
+    if ws is not None:
+        fused_run, combine = run, bind_combine(module, x.device.index, ws, out, dims["M"], dims["top_k"], G, K)
+
+        def run() -> None:
+            fused_run()
+            combine()
+    keep = (x, x_scale, weights, plan, topk_weights, out, work, ws)  # the pointers stay valid while launch lives
     device = x.device.index
 
     def launch() -> None:
@@ -176,14 +192,26 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
 
     return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid, per_sm=per_sm,
                                       cluster_policy=policy,
-                                      max_blocks=max_blocks, cluster=cluster, work=work)
+                                      max_blocks=max_blocks, cluster=cluster, work=work, workspace=ws)
+
+
+def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor, M: int, top_k: int, G: int, K: int):
+    """The deterministic build's combine: out[t] += its top_k * G workspace rows, summed in order."""
+    import numpy as np
+
+    from moebench.kernels.cuda_launch import bind_launch
+    kernel = module.kernel(COMBINE_NAME, device_index)
+    grid = (-(-M * (K // 8) // COMBINE_THREADS), 1, 1)
+    return bind_launch(kernel, grid, (COMBINE_THREADS, 1, 1), 0, np.uint64(ws.data_ptr()), np.uint64(out.data_ptr()),
+                       *(np.int32(v) for v in (M, top_k, G, K)))
 
 
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
-              out: torch.Tensor | None = None) -> torch.Tensor:
-    """out[t] += sum_k w[t,k] * MoE expert ids[t,k] (x_t), one kernel on torch's current stream.
-    `out` (BF16 [M, K]) is accumulated into; a zeroed one is allocated when None."""
-    launch, out, _, _ = make_fused_launch(x, x_scale, weights, plan, topk_weights, out)
+              out: torch.Tensor | None = None, *, deterministic: bool = False) -> torch.Tensor:
+    """out[t] += sum_k w[t,k] * MoE expert ids[t,k] (x_t), one kernel on torch's current stream
+    (two when deterministic). `out` (BF16 [M, K]) is accumulated into; a zeroed one is allocated
+    when None."""
+    launch, out, _, _ = make_fused_launch(x, x_scale, weights, plan, topk_weights, out, deterministic=deterministic)
     launch()
     return out
 
@@ -191,10 +219,16 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 # ------------------------------------------------------------------------------ the arm
 
 
+FUSED_KERNELS = (KernelDecl("fused", r"moebench_fused_moe", 1),)
+FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
+                     KernelDecl("combine", r"moebench_fused_moe_combine", 1))
+
+
 @register_arm("cuda-fused")
 class CudaFusedArm(Arm):
     description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
     source_file = SOURCE
+    deterministic = False  # the DETERMINISTIC build and its combine (cuda-fused-det)
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, source: KernelSource | None = None):
@@ -231,17 +265,26 @@ class CudaFusedArm(Arm):
         weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, self.cluster or DEFAULT_CLUSTER)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
-                                                      max_clusters=self.max_clusters, source=self.source)
+                                                      max_clusters=self.max_clusters, source=self.source,
+                                                      deterministic=self.deterministic)
         res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
             "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": dims["cluster"],
             "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],
             "clusters": dims["grid"][0] // dims["cluster"], "cluster_policy": dims["cluster_policy"],
-            "items": items, "build": module.build.to_dict(),
+            "items": items, "build": module.build.to_dict(), "deterministic": self.deterministic,
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
         }
-        return PreparedCall(arm=self.name, run=launch, output=out,
-                            kernels=(KernelDecl("fused", r"moebench_fused_moe", 1),),
-                            reset=out.zero_, identity=identity)
+        kernels = FUSED_DET_KERNELS if self.deterministic else FUSED_KERNELS
+        return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels, reset=out.zero_,
+                            identity=identity, workspace=dims["workspace"])
+
+
+@register_arm("cuda-fused-det")
+class CudaFusedDetArm(CudaFusedArm):
+    name = "cuda-fused-det"
+    description = ("cuda-fused with a fixed reduction order: each slot's contribution into its own BF16 "
+                   "workspace row, a combine kernel sums them in order (bitwise run-to-run, batch-invariant)")
+    deterministic = True
 

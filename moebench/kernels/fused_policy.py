@@ -100,10 +100,21 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
     return min(capacity // block_m, (worst + block_m - 1) // block_m)
 
 
-def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int) -> dict[str, str]:
-    """The .cu's meta-parameters for one build."""
-    return {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm),
-            "CLUSTER": str(cluster)}
+def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int,
+                   deterministic: bool = False) -> dict[str, str]:
+    """The .cu's meta-parameters for one build (DETERMINISTIC only where chosen, so the default
+    build's identity does not change)."""
+    d = {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm), "CLUSTER": str(cluster)}
+    if deterministic:
+        d["DETERMINISTIC"] = "1"
+    return d
+
+
+def deterministic_occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]:
+    """`occupancies` of the deterministic build: it keeps two accumulator chains at every
+    BLOCK_M (a token's sums do not follow the block size), which spill at BLOCK_M 16 with three
+    CTAs an SM, so there it launches at two."""
+    return tuple(ps for ps in occupancies(block_m, cluster) if not (block_m == 16 and ps >= 3))
 
 
 def cluster_policy(one_round: bool) -> str:

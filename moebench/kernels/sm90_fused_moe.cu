@@ -68,6 +68,16 @@
 // spilling), STAGES (ring depth), MIN_CTAS_PER_SM (1 to 3: the register budget; the host sizes
 // STAGES to match), CLUSTER (8, 4 or 1; the host lays the weights out for it).
 //
+// DETERMINISTIC (0 or 1, the user's choice: arm cuda-fused-det). At 1 the output is the same bits
+// on every run and for every batch a token is in: the kernel stores each (token slot, group)
+// contribution as BF16 into its own row of a workspace (`out` is then that workspace,
+// [num_slots * G, K], row slot * G + g) instead of reduce-adding it into the output, and
+// moebench_fused_moe_combine sums a token's top_k * G rows in that fixed order in FP32 and adds
+// the sum into the output once. Everything before the epilogue is already per token (a token's
+// column of every mma, its requant over its own 128 values, its route weight), whatever block
+// or neighbours the route plan gives it; the one per-build difference, the accumulator chains
+// of mma_block, is pinned to two.
+//
 // The kernel body is the sequence of its stages: set-up, then the producer warp
 // (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
 // its epilogue reduce_out), then the cluster's final barrier.
@@ -104,6 +114,10 @@
 // (Index math on these is written with shifts and masks: with signed / and % the
 // tight register budgets at 3 CTAs an SM spill.)
 
+#ifndef DETERMINISTIC
+#define DETERMINISTIC 0
+#endif
+
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
 static_assert(CLUSTER == 1 || CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 1, 4 or 8");
@@ -129,7 +143,11 @@ constexpr int EARLY_CHUNKS = 2;
 // each e4m3 step is two dependent HMMA.16816 on sm_90, so one chain is eight HMMAs deep, and the
 // consumers' GEMM2 at the end of a launch waits on that latency. One chain at BLOCK_M 16 with
 // three CTAs an SM, where two spill.
-constexpr int MMA_CHAINS = BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2;
+// The deterministic build keeps two at every BLOCK_M, so a token's sums do not depend on the
+// block size the batch picks (it does not build BLOCK_M 16 at three CTAs an SM).
+constexpr int MMA_CHAINS = !DETERMINISTIC && BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2;
+static_assert(!(DETERMINISTIC && BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3),
+              "the deterministic build: two accumulator chains spill at BLOCK_M 16 with three CTAs an SM");
 static_assert(LAG <= STAGES && EARLY_CHUNKS <= STAGES, "the lag and the early chunks wait on chunks still in the ring");
 
 typedef unsigned char u8;
@@ -314,6 +332,18 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
                  :: "l"(out), "r"(p0), "r"(p1), "r"(p2), "r"(p3) : "memory");
 }
 
+// dst[0..7] = v[0..7] as BF16, one 16-byte store (dst 16-byte aligned): a deterministic build's
+// contribution, into its own workspace row.
+__device__ __forceinline__ void store_bf16x8(unsigned short* dst, float4 lo, float4 hi) {
+    u32 p0, p1, p2, p3;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p0) : "f"(lo.y), "f"(lo.x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p1) : "f"(lo.w), "f"(lo.z));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p2) : "f"(hi.y), "f"(hi.x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p3) : "f"(hi.w), "f"(hi.z));
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(dst), "r"(p0), "r"(p1), "r"(p2), "r"(p3) : "memory");
+}
+
 // The divisions here and in the requant are __fdividef (x times an approximate reciprocal, 2 ulp
 // at most) and the exponential is __expf: IEEE division branches, for some operands, to a
 // slow-path subroutine, which stalls the SwiGLU behind the weight stream. 2 ulp of FP32 moves an
@@ -329,7 +359,8 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 //   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums (none at CLUSTER 1)
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
-//   meta   2 x META bytes          per item: expert, group, -, valid tokens; token, route weight,
+//   meta   2 x META bytes          per item: expert, group, block, valid tokens; token (its slot
+//                                  from the requant on, DETERMINISTIC), route weight,
 //                                  requant scale x route weight [BLOCK_M]; activation scales
 //                                  [BLOCK_M][KB + 4] (rows 16-byte aligned when KB % 4 == 0, and
 //                                  conflict-free for GEMM1's reads); gate/up scales [2][KB];
@@ -610,7 +641,7 @@ struct Producer {
         mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
         const Meta m = meta_at(sm.meta + slot * MB, KB);
         const int block = w / G, g = w - block * G;
-        if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
+        if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; if (DETERMINISTIC) m.hdr[2] = block; }
         if (e < 0) {
             __syncwarp();
             mbar_arrive(sm.mfull + 8 * slot);
@@ -1013,6 +1044,11 @@ __device__ __forceinline__ void requant(const Consumer& c, const Meta& m) {
     const int lane = c.lane;
     const Smem& sm = c.sm;
     for (int t = c.warp; t < BLOCK_M; t += 8) {
+        // DETERMINISTIC: the token's plan slot, for its workspace row (the producer read m.tok
+        // last for the item's GEMM1 chunks, all consumed by now)
+        int slot = -1;
+        if (DETERMINISTIC && lane == 0 && m.tok[t] >= 0)
+            slot = __ldg(c.a.sorted_token_ids + static_cast<size_t>(m.hdr[2]) * BLOCK_M + t);
         const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
         float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
         #pragma unroll
@@ -1022,6 +1058,7 @@ __device__ __forceinline__ void requant(const Consumer& c, const Meta& m) {
             pack_e4m3x4(__fdividef(v.x, scale), __fdividef(v.y, scale), __fdividef(v.z, scale),
                         __fdividef(v.w, scale));
         if (lane == 0) m.tmul[t] = scale * m.rw[t];
+        if (DETERMINISTIC && slot >= 0) m.tok[t] = slot;
     }
     named_sync_consumers();
 }
@@ -1041,12 +1078,16 @@ __device__ __forceinline__ void reduce_out(const Consumer& c, const Meta& m, flo
     __syncwarp();
     if (lane < 16) {
         const int u = lane >> 1, h = lane & 1;
-        const int tok = m.tok[t * 8 + u];
+        const int tok = m.tok[t * 8 + u];  // DETERMINISTIC: the slot
         if (tok >= 0) {
             const float* sv = stg + u * STG_ROW + 8 * h;
-            red_add_bf16x8(c.a.out + static_cast<size_t>(tok) * c.a.K + rbase + 8 * h,
-                           *reinterpret_cast<const float4*>(sv),
-                           *reinterpret_cast<const float4*>(sv + 4));
+            if constexpr (DETERMINISTIC)
+                store_bf16x8(c.a.out + (static_cast<size_t>(tok) * c.a.G + m.hdr[1]) * c.a.K + rbase + 8 * h,
+                             *reinterpret_cast<const float4*>(sv), *reinterpret_cast<const float4*>(sv + 4));
+            else
+                red_add_bf16x8(c.a.out + static_cast<size_t>(tok) * c.a.K + rbase + 8 * h,
+                               *reinterpret_cast<const float4*>(sv),
+                               *reinterpret_cast<const float4*>(sv + 4));
         }
     }
     __syncwarp();
@@ -1165,7 +1206,8 @@ moebench_fused_moe(
     // route plan (moe_align_block_size) and the route weights [M * top_k]
     const int* __restrict__ sorted_token_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ num_tokens_post_padded, const float* __restrict__ topk_weights,
-    // BF16 output [M, K], accumulated into
+    // BF16 output [M, K], accumulated into (DETERMINISTIC: the workspace [num_slots * G, K],
+    // every row of a routed slot written once)
     unsigned short* __restrict__ out,
     // work counters: [0] tickets taken, [1] clusters out of work, [2 + smid] busy CTAs on SM smid
     // (one-round launches, CROWD_LAG); zero at launch, zero after
@@ -1189,3 +1231,48 @@ moebench_fused_moe(
     cluster_arrive_release();
     cluster_wait_acquire();
 }
+
+#if DETERMINISTIC
+// ------------------------------------------------------------------------------ the combine
+
+#define COMBINE_THREADS 256
+
+// out[t, 8c..8c+7] += sum over k < top_k, then g < G, of part[(t * top_k + k) * G + g, 8c..]:
+// FP32 sums in that order, one BF16 rounding. A thread per 8 columns of a token; reads
+// 16 * top_k * G bytes and writes 16 (A8: 1.0 MB read, 115 KB written).
+// Two BF16 (low half first) added to s0, s1; and two FP32 sums rounded back to BF16x2.
+__device__ __forceinline__ void add_bf16x2(float& s0, float& s1, u32 v) {
+    s0 += __uint_as_float(v << 16);
+    s1 += __uint_as_float(v & 0xffff0000u);
+}
+__device__ __forceinline__ u32 bf16x2_plus(u32 v, float s0, float s1) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(__uint_as_float(v & 0xffff0000u) + s1),
+        "f"(__uint_as_float(v << 16) + s0));
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned short* __restrict__ out,
+                           int M, int top_k, int G, int K)
+{
+    const int K8 = K >> 3;
+    const long long i = static_cast<long long>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
+    if (i >= static_cast<long long>(M) * K8) return;
+    const int t = static_cast<int>(i / K8), col = static_cast<int>(i - static_cast<long long>(t) * K8);
+    const int rows = top_k * G;
+    const uint4* src = reinterpret_cast<const uint4*>(part) + static_cast<size_t>(t) * rows * K8 + col;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+    for (int r = 0; r < rows; ++r) {
+        const uint4 v = __ldg(src + static_cast<size_t>(r) * K8);
+        add_bf16x2(s0, s1, v.x);
+        add_bf16x2(s2, s3, v.y);
+        add_bf16x2(s4, s5, v.z);
+        add_bf16x2(s6, s7, v.w);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out) + i;
+    const uint4 o = *dst;
+    *dst = make_uint4(bf16x2_plus(o.x, s0, s1), bf16x2_plus(o.y, s2, s3), bf16x2_plus(o.z, s4, s5),
+                      bf16x2_plus(o.w, s6, s7));
+}
+#endif

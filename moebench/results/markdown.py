@@ -46,9 +46,15 @@ def method_sentence(s: Settings) -> str:
 
 
 def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
+    from moebench.results.determinism_view import determinism_markdown
     ix = ResultIndex(result)
+    if not result.samples and result.determinism:  # verdicts alone (`verify --determinism --out`)
+        heading = f"### moebench determinism: {', '.join(result.settings.shapes)}"
+        return "\n\n".join(p for p in (determinism_markdown(result.determinism, heading), _provenance(ix),
+                                        _reproduce(ix)) if p) + "\n"
     parts = [_title(ix), _warnings(ix), _summary_table(ix), method_sentence(result.settings),
-             referee_markdown(result), _per_round_table(ix), _images(images), _provenance(ix), _reproduce(ix)]
+             referee_markdown(result), determinism_markdown(result.determinism), _per_round_table(ix),
+             _images(images), _provenance(ix), _reproduce(ix)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 

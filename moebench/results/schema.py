@@ -14,6 +14,9 @@ Format history:
     RunResult.noise (later, defaulted to none): a measured noise floor per shape and arm, the
     relative change that identical code shows between two prepared copies of itself.
     ParityInfo.ref_max_abs (None in older files).
+    RunResult.determinism (`verify --determinism --out`): per arm and shape, run-to-run, batch
+    invariance and across-processes verdicts (moebench.results.determinism_records); a file of
+    verdicts alone has no samples and timer "none".
 
 These records are the types of every stage that makes them, not copies: the fixtures' Floors,
 the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
@@ -27,6 +30,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from moebench.results.determinism_records import DeterminismVerdict
 
 SCHEMA_VERSION = 1
 FORMAT = "moebench.RunResult"
@@ -308,6 +313,7 @@ class RunResult:
     # {shape: {arm: floor}}: the |A/A - 1| an arm shows against a second prepared copy of itself
     # (a fraction); `compare` widens its SAME band to it. Empty where the run measured none.
     noise: dict[str, dict[str, float]] = field(default_factory=dict)
+    determinism: tuple[DeterminismVerdict, ...] = ()
 
 
 # --- plain data <-> records ------------------------------------------------------------

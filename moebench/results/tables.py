@@ -147,6 +147,11 @@ def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
 def print_tables(result: RunResult, console: Console | None = None, *, kernels: bool = False) -> None:
     from moebench.stats import kernel_summaries, referee_checks
     console = console or make_console()
+    if result.determinism:
+        from moebench.results.determinism_view import determinism_table
+        console.print(determinism_table(result.determinism))
+        if not result.samples:  # verdicts alone (`verify --determinism --out`)
+            return
     console.print(summary_table(result))
     ratios = ratio_table(result)
     if ratios is not None:

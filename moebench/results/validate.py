@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from moebench.results.determinism_records import determinism_problems
 from moebench.results.schema import STATISTICS_OVER, RunResult
 from moebench.stats import summarize, summary_samples
 from moebench.timing.audit import kernel_mismatch
@@ -24,7 +25,9 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     """What in `result` does not follow from its samples (empty when consistent)."""
     out: list[str] = []
     s = result.settings
-    if s.rounds < 1 or s.samples < 1:
+    out += determinism_problems(result.determinism)
+    untimed = s.timer == "none" and not result.samples and bool(result.determinism)  # verdicts alone
+    if not untimed and (s.rounds < 1 or s.samples < 1):
         out.append(f"settings: rounds {s.rounds} and samples {s.samples} must be at least 1")
     if not s.shapes or not s.arms:
         out.append("settings: no shapes or no arms")
