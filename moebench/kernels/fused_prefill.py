@@ -50,9 +50,9 @@ def shared_bytes(stages: int = STAGES) -> int:
 
 
 def work_items(blocks: int, N: int, K: int) -> tuple[int, int]:
-    """(gate_up, down) work items for `blocks` plan blocks: one a requant group, one a 256-column
-    tile of the output."""
-    return blocks * (N // 256), blocks * -(-K // BLOCK_N)
+    """(gate_up, down) work items for `blocks` plan blocks: gate_up one a block and requant group;
+    down one a block, which streams all -(-K // BLOCK_N) tiles of its expert's w2."""
+    return blocks * (N // 256), blocks
 
 
 KERNELS = ("gate_up", GATE_UP), ("down", DOWN)

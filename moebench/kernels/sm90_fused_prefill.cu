@@ -8,13 +8,14 @@
 // of tokens. Here both GEMMs run FP8 wgmma (QGMMA in the SASS) with tokens in the 64-row slot.
 //
 // Work and roles. Each kernel is a persistent grid (one CTA an SM) whose CTAs walk work items
-// item = blockIdx.x + i * gridDim.x; an item is one route-plan block of BLOCK_M = 64 slots (one
-// expert) times a tile of 256 weight rows:
-//   gate_up: requant group g (gate rows 128g.. and up rows I + 128g.., 128 each); K steps: K/128
-//   down:    output columns [256t, 256t + 256) of w2[e];                        K steps: I/128
-// Items run block-fastest in gate_up (the blocks of one expert share w1 tiles in L2 while they
-// run at once) and tile-fastest in down. 288 threads: two consumer warpgroups (warps 0-7) and a
-// producer warp (warp 8). Per 128-wide K step the producer fills one of STAGES ring stages:
+// item = blockIdx.x + i * gridDim.x over route-plan blocks of BLOCK_M = 64 slots (one expert each):
+//   gate_up: (block, requant group g), block fastest (the blocks of one expert share w1 tiles in
+//            L2 while they run at once); one tile: gate rows 128g.. and up rows I + 128g.., 128
+//            each, K/128 steps
+//   down:    a block, streaming every 256-row tile of w2[e] (output columns), I/128 steps each,
+//            so an item's plan reads are paid once for K/256 tiles
+// Plan entries are read one item ahead by every role. 288 threads: two consumer warpgroups
+// (warps 0-7) and a producer warp (warp 8). Per 128-wide K step the producer fills one of STAGES ring stages:
 //   - weights, 256 rows x 128 B by four TMA boxes of 64 rows (128-byte swizzle), completing on
 //     the stage's full mbarrier by bytes. Consumer warpgroup h takes rows 128h..128h+127; in
 //     gate_up those are gate columns 64h..64h+63 of the group, then the same up columns, so a
@@ -37,10 +38,9 @@
 // Blocks at or past the device-side padded total, or with an expert outside [0, E), are
 // skipped by both kernels (their slots' intermediate rows are never written or read).
 //
-// Bytes and FLOPs per K step of an item: 32 KB of weights (HBM, or L2 when another block of the
-// expert reads the same tile at once) + 8 KB of activations (L2) + 264 B of scales; 2 x 64 x
-// 256 x 128 = 4.2 MFLOP, 512 of them a weight byte... per 64 tokens: the weights are read once
-// per plan block, so the arithmetic intensity on HBM is BLOCK_M FLOP/byte x 2.
+// Bytes and FLOPs per K step: 32 KB of weights (from HBM, or from L2 when another block of the
+// expert reads the same tile at once) + 8 KB of gathered activations + 264 B of scales, for
+// 2 x 64 x 256 x 128 = 4.2 MFLOP: 2 x BLOCK_M FLOP a weight byte.
 
 #include "sm90_common.cuh"
 
@@ -133,12 +133,10 @@ struct Problem {
   int num_slots, num_experts, blocks, tiles;
 };
 
-__device__ __forceinline__ int item_block(bool gate_up, int item, int blocks, int tiles) {
-  return gate_up ? item % blocks : item / tiles;
-}
-__device__ __forceinline__ int item_tile(bool gate_up, int item, int blocks, int tiles) {
-  return gate_up ? item / blocks : item % tiles;
-}
+// Items: gate_up's are (block, group), block fastest, one tile each; down's are blocks, each
+// streaming all of its tiles (so the plan reads of an item are amortized over K/256 tiles).
+template <bool GATE_UP>
+__device__ __forceinline__ int num_items(const Problem& p) { return GATE_UP ? p.blocks * p.tiles : p.blocks; }
 
 // First weight row (within the expert) of TMA box `i` (0..3) of tile `tile`: gate_up boxes are
 // gate 0-63, up 0-63, gate 64-127, up 64-127 of the group; down boxes are consecutive rows.
@@ -152,65 +150,80 @@ template <bool GATE_UP>
 __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty) {
   const int lane = threadIdx.x % 32;
   const int k_steps = p.k_dim / BLOCK_K;
-  const int items = p.blocks * p.tiles;
+  const int items = num_items<GATE_UP>(p);
+  const int item_tiles = GATE_UP ? 1 : p.tiles;
   const int scale_rows = p.rows_per_expert / 128;
   if (lane == 0) tma_prefetch_descriptor(p.w_map);
+  // An item's plan entries (its expert, this lane's rows `lane` and `lane + 32`) are read one
+  // item ahead, so their latency hides behind the current item's stream.
+  int item = blockIdx.x, expert = -1, slot[2] = {-1, -1};
+  if (item < items) {
+    expert = p.expert_ids[item % p.blocks];
+    for (int h = 0; h < 2; ++h) slot[h] = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32 * h];
+  }
   int step = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int block = item_block(GATE_UP, item, p.blocks, p.tiles);
-    const int tile = item_tile(GATE_UP, item, p.blocks, p.tiles);
-    const int expert = p.expert_ids[block];
-    if (expert < 0 || expert >= p.num_experts) continue;
-    // this lane gathers rows `lane` and `lane + 32` of the block
-    const uint8_t* src[2];
-    const float* ssrc[2];
-    uint32_t bytes[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int slot = p.sorted_ids[block * BLOCK_M + lane + 32 * h];
-      const bool real = real_slot(slot, p.num_slots);
-      const size_t row = real ? size_t(slot / p.row_div) : 0;
-      src[h] = p.act + row * p.k_dim;
-      ssrc[h] = p.act_scale + row * k_steps;
-      bytes[h] = real ? 16 : 0;
+  while (item < items) {
+    const int block = item % p.blocks, first_tile = GATE_UP ? item / p.blocks : 0;
+    const int next = item + gridDim.x;
+    int next_expert = -1, next_slot[2] = {-1, -1};
+    if (next < items) {
+      next_expert = p.expert_ids[next % p.blocks];
+      for (int h = 0; h < 2; ++h) next_slot[h] = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane + 32 * h];
     }
-    // the two weight-block scales of this tile: (gate, up) of group `tile`, or the two 128-row
-    // blocks of the tile (the second clamped inside the expert where K is not a multiple of 256)
-    const int sb0 = GATE_UP ? tile : min(2 * tile, scale_rows - 1);
-    const int sb1 = GATE_UP ? scale_rows / 2 + tile : min(2 * tile + 1, scale_rows - 1);
-    const float* ws = p.w_scale + size_t(expert) * scale_rows * k_steps;
-    for (int kb = 0; kb < k_steps; ++kb, ++step) {
-      const int s = step % STAGES;
-      if (step >= STAGES) mbar_wait(&empty[s], ((step / STAGES) - 1) & 1);
-      uint8_t* a_stage = smem + OFF_A + s * A_TILE;
-      uint8_t* b_stage = smem + OFF_B + s * B_TILE;
-      float* sc = reinterpret_cast<float*>(smem + OFF_S) + s * SCALES;
-      if (lane == 0) {
-        mbar_arrive_expect_tx(&full[s], B_TILE);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          tma_load_2d(b_stage + i * BOX_ROWS * BLOCK_K, p.w_map, &full[s], kb * BLOCK_K,
-                      expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
-        cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
-        cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
-      }
+    if (expert >= 0 && expert < p.num_experts) {
+      const uint8_t* src[2];
+      const float* ssrc[2];
+      uint32_t bytes[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int t = lane + 32 * h;
-#pragma unroll
-        for (int c = 0; c < 8; ++c)  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
-          cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), src[h] + kb * BLOCK_K + c * 16, bytes[h]);
-        cp_async_4(&sc[t], ssrc[h] + kb, bytes[h] >> 2);
+        const bool real = real_slot(slot[h], p.num_slots);
+        const size_t row = real ? size_t(slot[h] / p.row_div) : 0;
+        src[h] = p.act + row * p.k_dim;
+        ssrc[h] = p.act_scale + row * k_steps;
+        bytes[h] = real ? 16 : 0;
       }
-      cp_async_commit();
-      // publish step - LAG: this lane's copies have landed; the proxy fence hands them to the
-      // async proxy (wgmma); the arrive releases them
-      if (step >= LAG) {
-        cp_async_wait_group<LAG>();
-        fence_proxy_async_smem();
-        mbar_arrive(&full[(step - LAG) % STAGES]);
+      const float* ws = p.w_scale + size_t(expert) * scale_rows * k_steps;
+      for (int tt = 0; tt < item_tiles; ++tt) {
+        const int tile = first_tile + tt;
+        // the two weight-block scales of this tile: (gate, up) of group `tile`, or the tile's two
+        // 128-row blocks (the second clamped inside the expert where K is no multiple of 256)
+        const int sb0 = GATE_UP ? tile : min(2 * tile, scale_rows - 1);
+        const int sb1 = GATE_UP ? scale_rows / 2 + tile : min(2 * tile + 1, scale_rows - 1);
+        for (int kb = 0; kb < k_steps; ++kb, ++step) {
+          const int s = step % STAGES;
+          if (step >= STAGES) mbar_wait(&empty[s], ((step / STAGES) - 1) & 1);
+          uint8_t* a_stage = smem + OFF_A + s * A_TILE;
+          uint8_t* b_stage = smem + OFF_B + s * B_TILE;
+          float* sc = reinterpret_cast<float*>(smem + OFF_S) + s * SCALES;
+          if (lane == 0) {
+            mbar_arrive_expect_tx(&full[s], B_TILE);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              tma_load_2d(b_stage + i * BOX_ROWS * BLOCK_K, p.w_map, &full[s], kb * BLOCK_K,
+                          expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
+            cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
+            cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int t = lane + 32 * h;
+#pragma unroll
+            for (int c = 0; c < 8; ++c)  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
+              cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), src[h] + kb * BLOCK_K + c * 16, bytes[h]);
+            cp_async_4(&sc[t], ssrc[h] + kb, bytes[h] >> 2);
+          }
+          cp_async_commit();
+          // publish step - LAG: this lane's copies have landed; the proxy fence hands them to the
+          // async proxy (wgmma); the arrive releases them
+          if (step >= LAG) {
+            cp_async_wait_group<LAG>();
+            fence_proxy_async_smem();
+            mbar_arrive(&full[(step - LAG) % STAGES]);
+          }
+        }
       }
     }
+    item = next, expert = next_expert, slot[0] = next_slot[0], slot[1] = next_slot[1];
   }
   cp_async_wait_all();
   fence_proxy_async_smem();
@@ -218,6 +231,24 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
 }
 
 // ---------------------------------------------------------------------------------- consumers
+
+// What a consumer thread needs of an item's plan entries: the expert, the slots of its two
+// accumulator rows, and (down) the slots of the 8 staged rows it reduces into the output.
+struct ItemMeta {
+  int expert, slot0, slot1, red[8];
+};
+
+template <bool GATE_UP>
+__device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0, int tid) {
+  ItemMeta m;
+  const int block = item % p.blocks;
+  m.expert = p.expert_ids[block];
+  m.slot0 = p.sorted_ids[block * BLOCK_M + r0];
+  m.slot1 = p.sorted_ids[block * BLOCK_M + r0 + 8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m.red[i] = GATE_UP ? -1 : p.sorted_ids[block * BLOCK_M + tid / 16 + 8 * i];
+  return m;
+}
 
 template <bool GATE_UP>
 __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
@@ -230,117 +261,125 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
   const int w = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
   const int r0 = 16 * w + g, r1 = r0 + 8;  // this thread's two rows of the block
   const int k_steps = p.k_dim / BLOCK_K;
-  const int items = p.blocks * p.tiles;
+  const int items = num_items<GATE_UP>(p);
+  const int item_tiles = GATE_UP ? 1 : p.tiles;
   float acc[64], part[64];
   int step = 0, parity = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int block = item_block(GATE_UP, item, p.blocks, p.tiles);
-    const int tile = item_tile(GATE_UP, item, p.blocks, p.tiles);
-    const int expert = p.expert_ids[block];
-    if (expert < 0 || expert >= p.num_experts) continue;
+  int item = blockIdx.x;
+  ItemMeta meta;
+  if (item < items) meta = load_meta<GATE_UP>(p, item, r0, tid);
+  while (item < items) {
+    const int first_tile = GATE_UP ? item / p.blocks : 0;
+    const int next = item + gridDim.x;
+    const ItemMeta m = meta;
+    if (next < items) meta = load_meta<GATE_UP>(p, next, r0, tid);  // one item ahead
+    item = next;
+    if (m.expert < 0 || m.expert >= p.num_experts) continue;
+    const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
+    const float rw0 = !GATE_UP && real0 ? route_w[m.slot0] : 0.f;
+    const float rw1 = !GATE_UP && real1 ? route_w[m.slot1] : 0.f;
+    for (int tt = 0; tt < item_tiles; ++tt) {
+      const int tile = first_tile + tt;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    for (int kb = 0; kb < k_steps; ++kb, ++step) {
-      const int s = step % STAGES;
-      mbar_wait(&full[s], (step / STAGES) & 1);
-      fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
-      const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
-      const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
-      wgmma_fence();
+      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+      for (int kb = 0; kb < k_steps; ++kb, ++step) {
+        const int s = step % STAGES;
+        mbar_wait(&full[s], (step / STAGES) & 1);
+        fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
+        const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
+        const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BLOCK_K / 32; ++kk)  // +32 bytes of K = +2 in the descriptor's 16-byte units
-        Wgmma<128>::mma(part, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      const float* sc = reinterpret_cast<const float*>(smem + OFF_S) + s * SCALES;
-      const float t0 = sc[r0], t1 = sc[r1];
-      const float wlo = GATE_UP ? sc[BLOCK_M] : sc[BLOCK_M + wg];
-      const float whi = GATE_UP ? sc[BLOCK_M + 1] : wlo;
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);  // this warp's reads of stage s are done
+        for (int kk = 0; kk < BLOCK_K / 32; ++kk)  // +32 bytes of K = +2 in the descriptor's 16-byte units
+          Wgmma<128>::mma(part, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        const float* sc = reinterpret_cast<const float*>(smem + OFF_S) + s * SCALES;
+        const float t0 = sc[r0], t1 = sc[r1];
+        const float wlo = GATE_UP ? sc[BLOCK_M] : sc[BLOCK_M + wg];
+        const float whi = GATE_UP ? sc[BLOCK_M + 1] : wlo;
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);  // this warp's reads of stage s are done
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float ws = j < 8 ? wlo : whi;  // gate_up: columns 0-63 gate, 64-127 up
-        acc[4 * j + 0] += part[4 * j + 0] * (ws * t0);
-        acc[4 * j + 1] += part[4 * j + 1] * (ws * t0);
-        acc[4 * j + 2] += part[4 * j + 2] * (ws * t1);
-        acc[4 * j + 3] += part[4 * j + 3] * (ws * t1);
+        for (int j = 0; j < 16; ++j) {
+          const float ws = j < 8 ? wlo : whi;  // gate_up: columns 0-63 gate, 64-127 up
+          acc[4 * j + 0] += part[4 * j + 0] * (ws * t0);
+          acc[4 * j + 1] += part[4 * j + 1] * (ws * t0);
+          acc[4 * j + 2] += part[4 * j + 2] * (ws * t1);
+          acc[4 * j + 3] += part[4 * j + 3] * (ws * t1);
+        }
       }
-    }
 
-    const int slot0 = p.sorted_ids[block * BLOCK_M + r0], slot1 = p.sorted_ids[block * BLOCK_M + r1];
-    if (GATE_UP) {
-      // ------------------------------------------------ SwiGLU, per-token requant over the group
-      const int inter = p.rows_per_expert / 2, groups = inter / 128;
-      float* amax_buf = reinterpret_cast<float*>(smem + OFF_AMAX) + parity * 2 * BLOCK_M;
-      float h[32];
-      float m0 = 0.f, m1 = 0.f;
+      if (GATE_UP) {
+        // ---------------------------------------------- SwiGLU, per-token requant over the group
+        const int inter = p.rows_per_expert / 2, groups = inter / 128;
+        float* amax_buf = reinterpret_cast<float*>(smem + OFF_AMAX) + parity * 2 * BLOCK_M;
+        float h[32];
+        float m0 = 0.f, m1 = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8; ++j) {
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          h[2 * j + x] = silu(acc[4 * j + x]) * acc[4 * (j + 8) + x];
-          h[16 + 2 * j + x] = silu(acc[4 * j + 2 + x]) * acc[4 * (j + 8) + 2 + x];
-          m0 = fmaxf(m0, fabsf(h[2 * j + x]));
-          m1 = fmaxf(m1, fabsf(h[16 + 2 * j + x]));
+          for (int x = 0; x < 2; ++x) {
+            h[2 * j + x] = silu(acc[4 * j + x]) * acc[4 * (j + 8) + x];
+            h[16 + 2 * j + x] = silu(acc[4 * j + 2 + x]) * acc[4 * (j + 8) + 2 + x];
+            m0 = fmaxf(m0, fabsf(h[2 * j + x]));
+            m1 = fmaxf(m1, fabsf(h[16 + 2 * j + x]));
+          }
         }
-      }
 #pragma unroll
-      for (int d = 1; d <= 2; d <<= 1) {
-        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, d));
-        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, d));
-      }
-      if (q == 0) {
-        amax_buf[wg * BLOCK_M + r0] = m0;
-        amax_buf[wg * BLOCK_M + r1] = m1;
-      }
-      named_barrier(1, CONSUMERS);  // both halves of the group's amax are in
-      m0 = fmaxf(m0, amax_buf[(1 - wg) * BLOCK_M + r0]);
-      m1 = fmaxf(m1, amax_buf[(1 - wg) * BLOCK_M + r1]);
-      const float s0 = fmaxf(__fdividef(m0, 448.0f), 1e-10f), s1 = fmaxf(__fdividef(m1, 448.0f), 1e-10f);
-      const int col = tile * 128 + wg * 64 + 2 * q;
-      if (real_slot(slot0, p.num_slots)) {
-        uint8_t* dst = a_out + size_t(slot0) * inter + col;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint16_t*>(dst + 8 * j) =
-              pack_e4m3x2(__fdividef(h[2 * j], s0), __fdividef(h[2 * j + 1], s0));
-        if (wg == 0 && q == 0) a_scale_out[size_t(slot0) * groups + tile] = s0;
-      }
-      if (real_slot(slot1, p.num_slots)) {
-        uint8_t* dst = a_out + size_t(slot1) * inter + col;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint16_t*>(dst + 8 * j) =
-              pack_e4m3x2(__fdividef(h[16 + 2 * j], s1), __fdividef(h[16 + 2 * j + 1], s1));
-        if (wg == 0 && q == 0) a_scale_out[size_t(slot1) * groups + tile] = s1;
-      }
-      parity ^= 1;
-    } else {
-      // ------------------------------------------------ route weight, BF16, reduce-add
-      const int n0 = tile * BLOCK_N + wg * WG_N;  // this warpgroup's first output column
-      const float rw0 = real_slot(slot0, p.num_slots) ? route_w[slot0] : 0.f;
-      const float rw1 = real_slot(slot1, p.num_slots) ? route_w[slot1] : 0.f;
-      uint8_t* c_tile = smem + OFF_C + wg * BLOCK_M * C_ROW;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        *reinterpret_cast<uint32_t*>(c_tile + r0 * C_ROW + (8 * j + 2 * q) * 2) =
-            pack_bf16x2(acc[4 * j] * rw0, acc[4 * j + 1] * rw0);
-        *reinterpret_cast<uint32_t*>(c_tile + r1 * C_ROW + (8 * j + 2 * q) * 2) =
-            pack_bf16x2(acc[4 * j + 2] * rw1, acc[4 * j + 3] * rw1);
-      }
-      named_barrier(2 + wg, 128);  // the warpgroup's tile is staged
-      if (n0 < p.rows_per_expert) {
-#pragma unroll 4
-        for (int idx = tid; idx < BLOCK_M * (WG_N / 8); idx += 128) {
-          const int row = idx / (WG_N / 8), c8 = idx % (WG_N / 8);
-          const int slot = p.sorted_ids[block * BLOCK_M + row];
-          if (!real_slot(slot, p.num_slots)) continue;
-          const uint4 v = *reinterpret_cast<const uint4*>(c_tile + row * C_ROW + c8 * 16);
-          red_add_bf16x8(out + size_t(slot / top_k) * p.rows_per_expert + n0 + 8 * c8, v);
+        for (int d = 1; d <= 2; d <<= 1) {
+          m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, d));
+          m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, d));
         }
+        if (q == 0) {
+          amax_buf[wg * BLOCK_M + r0] = m0;
+          amax_buf[wg * BLOCK_M + r1] = m1;
+        }
+        named_barrier(1, CONSUMERS);  // both halves of the group's amax are in
+        m0 = fmaxf(m0, amax_buf[(1 - wg) * BLOCK_M + r0]);
+        m1 = fmaxf(m1, amax_buf[(1 - wg) * BLOCK_M + r1]);
+        const float s0 = fmaxf(__fdividef(m0, 448.0f), 1e-10f), s1 = fmaxf(__fdividef(m1, 448.0f), 1e-10f);
+        const int col = tile * 128 + wg * 64 + 2 * q;
+        if (real0) {
+          uint8_t* dst = a_out + size_t(m.slot0) * inter + col;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<uint16_t*>(dst + 8 * j) =
+                pack_e4m3x2(__fdividef(h[2 * j], s0), __fdividef(h[2 * j + 1], s0));
+          if (wg == 0 && q == 0) a_scale_out[size_t(m.slot0) * groups + tile] = s0;
+        }
+        if (real1) {
+          uint8_t* dst = a_out + size_t(m.slot1) * inter + col;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<uint16_t*>(dst + 8 * j) =
+                pack_e4m3x2(__fdividef(h[16 + 2 * j], s1), __fdividef(h[16 + 2 * j + 1], s1));
+          if (wg == 0 && q == 0) a_scale_out[size_t(m.slot1) * groups + tile] = s1;
+        }
+        parity ^= 1;
+      } else {
+        // ---------------------------------------------- route weight, BF16, reduce-add
+        const int n0 = tile * BLOCK_N + wg * WG_N;  // this warpgroup's first output column
+        uint8_t* c_tile = smem + OFF_C + wg * BLOCK_M * C_ROW;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          *reinterpret_cast<uint32_t*>(c_tile + r0 * C_ROW + (8 * j + 2 * q) * 2) =
+              pack_bf16x2(acc[4 * j] * rw0, acc[4 * j + 1] * rw0);
+          *reinterpret_cast<uint32_t*>(c_tile + r1 * C_ROW + (8 * j + 2 * q) * 2) =
+              pack_bf16x2(acc[4 * j + 2] * rw1, acc[4 * j + 3] * rw1);
+        }
+        named_barrier(2 + wg, 128);  // the warpgroup's tile is staged
+        if (n0 < p.rows_per_expert) {
+          const int c8 = tid % 16;  // this thread's 8 columns; rows tid / 16 + 8i
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            if (!real_slot(m.red[i], p.num_slots)) continue;
+            const uint4 v = *reinterpret_cast<const uint4*>(c_tile + (tid / 16 + 8 * i) * C_ROW + c8 * 16);
+            red_add_bf16x8(out + size_t(m.red[i] / top_k) * p.rows_per_expert + n0 + 8 * c8, v);
+          }
+        }
+        named_barrier(2 + wg, 128);  // its readers are done before the next tile's staging
       }
-      named_barrier(2 + wg, 128);  // its readers are done before the next item's staging
     }
   }
 }
