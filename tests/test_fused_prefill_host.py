@@ -130,7 +130,7 @@ def test_down_tiles_cover_every_output_column_once(K):
 
 
 @pytest.mark.parametrize("name, path", [("A8", "decode"), ("A128", "decode"), ("Q8", "decode"), ("Q128", "decode"),
-                                        ("A512", "prefill"), ("A4096", "prefill"), ("Q1024", "prefill"),
+                                        ("A256", "decode"), ("Q256", "decode"), ("Q512", "prefill"), ("A512", "prefill"), ("A4096", "prefill"), ("Q1024", "prefill"),
                                         ("Q16384", "prefill")])
 def test_the_path_rule_at_the_fixtures(name, path):
     spec = ShapeRegistry().resolve(name)

@@ -156,32 +156,28 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   if (lane == 0) tma_prefetch_descriptor(p.w_map);
   // An item's plan entries (its expert, this lane's rows `lane` and `lane + 32`) are read one
   // item ahead, so their latency hides behind the current item's stream.
-  int item = blockIdx.x, expert = -1, slot[2] = {-1, -1};
+  int item = blockIdx.x, expert = -1, slot_lo = -1, slot_hi = -1;
   if (item < items) {
     expert = p.expert_ids[item % p.blocks];
-    for (int h = 0; h < 2; ++h) slot[h] = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32 * h];
+    slot_lo = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane];
+    slot_hi = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32];
   }
   int step = 0;
   while (item < items) {
-    const int block = item % p.blocks, first_tile = GATE_UP ? item / p.blocks : 0;
+    const int first_tile = GATE_UP ? item / p.blocks : 0;
     const int next = item + gridDim.x;
-    int next_expert = -1, next_slot[2] = {-1, -1};
+    int next_expert = -1, next_lo = -1, next_hi = -1;
     if (next < items) {
       next_expert = p.expert_ids[next % p.blocks];
-      for (int h = 0; h < 2; ++h) next_slot[h] = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane + 32 * h];
+      next_lo = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane];
+      next_hi = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane + 32];
     }
     if (expert >= 0 && expert < p.num_experts) {
-      const uint8_t* src[2];
-      const float* ssrc[2];
-      uint32_t bytes[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const bool real = real_slot(slot[h], p.num_slots);
-        const size_t row = real ? size_t(slot[h] / p.row_div) : 0;
-        src[h] = p.act + row * p.k_dim;
-        ssrc[h] = p.act_scale + row * k_steps;
-        bytes[h] = real ? 16 : 0;
-      }
+      const bool real_lo = real_slot(slot_lo, p.num_slots), real_hi = real_slot(slot_hi, p.num_slots);
+      const size_t row_lo = real_lo ? size_t(slot_lo / p.row_div) : 0, row_hi = real_hi ? size_t(slot_hi / p.row_div) : 0;
+      const uint8_t* const src[2] = {p.act + row_lo * p.k_dim, p.act + row_hi * p.k_dim};
+      const float* const ssrc[2] = {p.act_scale + row_lo * k_steps, p.act_scale + row_hi * k_steps};
+      const uint32_t bytes[2] = {real_lo ? 16u : 0u, real_hi ? 16u : 0u};
       const float* ws = p.w_scale + size_t(expert) * scale_rows * k_steps;
       for (int tt = 0; tt < item_tiles; ++tt) {
         const int tile = first_tile + tt;
@@ -223,7 +219,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
         }
       }
     }
-    item = next, expert = next_expert, slot[0] = next_slot[0], slot[1] = next_slot[1];
+    item = next, expert = next_expert, slot_lo = next_lo, slot_hi = next_hi;
   }
   cp_async_wait_all();
   fence_proxy_async_smem();
@@ -232,22 +228,15 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
 
 // ---------------------------------------------------------------------------------- consumers
 
-// What a consumer thread needs of an item's plan entries: the expert, the slots of its two
-// accumulator rows, and (down) the slots of the 8 staged rows it reduces into the output.
+// What a consumer thread reads of an item's plan entries one item ahead: the expert and the
+// slots of its two accumulator rows.
 struct ItemMeta {
-  int expert, slot0, slot1, red[8];
+  int expert, slot0, slot1;
 };
 
-template <bool GATE_UP>
-__device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0, int tid) {
-  ItemMeta m;
+__device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0) {
   const int block = item % p.blocks;
-  m.expert = p.expert_ids[block];
-  m.slot0 = p.sorted_ids[block * BLOCK_M + r0];
-  m.slot1 = p.sorted_ids[block * BLOCK_M + r0 + 8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) m.red[i] = GATE_UP ? -1 : p.sorted_ids[block * BLOCK_M + tid / 16 + 8 * i];
-  return m;
+  return ItemMeta{p.expert_ids[block], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
 }
 
 template <bool GATE_UP>
@@ -267,17 +256,21 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
   int step = 0, parity = 0;
   int item = blockIdx.x;
   ItemMeta meta;
-  if (item < items) meta = load_meta<GATE_UP>(p, item, r0, tid);
+  if (item < items) meta = load_meta(p, item, r0);
   while (item < items) {
     const int first_tile = GATE_UP ? item / p.blocks : 0;
     const int next = item + gridDim.x;
     const ItemMeta m = meta;
-    if (next < items) meta = load_meta<GATE_UP>(p, next, r0, tid);  // one item ahead
+    const int block = item % p.blocks;
+    if (next < items) meta = load_meta(p, next, r0);  // one item ahead
     item = next;
     if (m.expert < 0 || m.expert >= p.num_experts) continue;
     const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
     const float rw0 = !GATE_UP && real0 ? route_w[m.slot0] : 0.f;
     const float rw1 = !GATE_UP && real1 ? route_w[m.slot1] : 0.f;
+    int red[8];  // (down) the slots of the 8 staged rows this thread reduces into the output
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[i] = GATE_UP ? -1 : p.sorted_ids[block * BLOCK_M + tid / 16 + 8 * i];
     for (int tt = 0; tt < item_tiles; ++tt) {
       const int tile = first_tile + tt;
 #pragma unroll
@@ -373,9 +366,9 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
           const int c8 = tid % 16;  // this thread's 8 columns; rows tid / 16 + 8i
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
-            if (!real_slot(m.red[i], p.num_slots)) continue;
+            if (!real_slot(red[i], p.num_slots)) continue;
             const uint4 v = *reinterpret_cast<const uint4*>(c_tile + (tid / 16 + 8 * i) * C_ROW + c8 * 16);
-            red_add_bf16x8(out + size_t(m.red[i] / top_k) * p.rows_per_expert + n0 + 8 * c8, v);
+            red_add_bf16x8(out + size_t(red[i] / top_k) * p.rows_per_expert + n0 + 8 * c8, v);
           }
         }
         named_barrier(2 + wg, 128);  // its readers are done before the next tile's staging
