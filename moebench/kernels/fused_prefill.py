@@ -31,7 +31,7 @@ THREADS = 288  # two consumer warpgroups + one producer warp
 STAGES = 4  # ring depth: 4 x 40 KB, plus the down kernel's output staging, fits one CTA an SM
 # Mean slots per routed expert from which the wgmma path is taken: below it a block of 64 is
 # mostly padding and the decode kernel, which streams each expert's weights near the HBM rate
-# in blocks of 8, is faster. Both paths forced on the H200 (docs/kernels.md): A256 (8.96 slots an
+# in blocks of 8, is faster. Both paths forced on the H200 (docs/kernels.md, 9947595): A256 (8.96 slots an
 # expert) decode 217 us, prefill 230; Q512 (10.0) prefill 130, decode 134.
 MIN_TOKENS_PER_EXPERT = 10.0
 PATHS = ("auto", "decode", "prefill")
