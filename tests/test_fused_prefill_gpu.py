@@ -44,11 +44,20 @@ def at(family: str, M: int, seed: int):
     return base(family) if M == 256 else derive(base(family), seed=seed, M=M)
 
 
-def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False):
+def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False, splits=None, chunk=None,
+                times=1):
     w = w if w is not None else prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, BLOCK_M).to(fx.device)
     launch, out, _, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out,
-                                               max_ctas=max_ctas)
+                                               max_ctas=max_ctas, splits=splits, chunk=chunk)
+    if splits is not None:
+        assert dims["splits"] == splits
+    start = out.clone()
+    for _ in range(times - 1):  # earlier launches of the same call: each leaves the flags at 0
+        launch()
+        torch.cuda.synchronize()
+        assert int(dims["flags"].abs().sum()) == 0
+        out.copy_(start)
     if poison:  # e4m3 0xFF is NaN: a code or scale the kernels read without writing shows
         a, a_scale = dims["intermediate"]
         a.fill_(0xFF)
@@ -168,3 +177,52 @@ def test_parity_other_dims(name):
     fam, M, seed = OTHER_DIMS[name]
     fx = build_fixture(ShapeSpec(name.split()[0], fam, M, seed=seed)).to("cuda")
     assert_parity(fx, run_prefill(fx, poison=True), name)
+
+
+# ------------------------------------------------------------------------------ the work cuts
+
+
+def test_the_arm_cuts_a512_into_chained_k_ranges_and_chunks():
+    fx = at("A", 512, seed=47)
+    call = CudaFusedArm(path="prefill").prepare(fx)
+    assert call.identity["splits"] > 1 and call.identity["chunk"] < 28
+    p = check_parity(call, References(fx), "A512-cut")
+    assert p.passed, f"A512-cut: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+
+
+@pytest.mark.parametrize("family, M, splits, chunk", [
+    ("A", 256, 4, 3), ("A", 512, 3, 10), ("Q", 256, 2, 1), ("Q", 512, 4, 3),
+    ("A", 777, 2, 5), ("Q", 1000, 3, 8),
+])
+def test_parity_with_k_ranges_and_chunks(family, M, splits, chunk):
+    fx = at(family, M, seed=48 + M % 101)
+    assert_parity(fx, run_prefill(fx, w=weights(family), splits=splits, chunk=chunk, times=2),
+                  f"{family}{M}-s{splits}-c{chunk}")
+
+
+@pytest.mark.parametrize("ctas", [1, 3])
+def test_chained_k_ranges_on_few_ctas(ctas):
+    # one CTA runs every K range of a (block, group) itself, in order; three CTAs wait on each other
+    fx = at("Q", 512, seed=49)
+    assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas, splits=4, chunk=3), f"Q512-{ctas}cta-s4")
+
+
+def test_one_hot_expert_with_k_ranges():
+    b = base("A")
+    M, E, top_k = 512, b.spec.E, b.spec.top_k
+    g = torch.Generator().manual_seed(50)
+    others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
+    ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 8 full blocks
+    fx = derive(b, seed=50, topk_ids=ids)
+    assert_parity(fx, run_prefill(fx, w=weights("A"), splits=3, chunk=7), "A512-hot-s3")
+
+
+def test_e512_top10_poisoned_with_k_ranges():
+    fx = at("Q", 512, seed=51)
+    assert fx.spec.E == 512 and fx.spec.top_k == 10
+    ref = fixture_reference(fx).float()
+    g = torch.Generator(device="cuda").manual_seed(51)
+    before = (torch.randn(ref.shape, generator=g, device="cuda") * ref.std()).to(torch.bfloat16)
+    out = run_prefill(fx, w=weights("Q"), out=before.clone(), poison=True, splits=4, chunk=2)
+    assert torch.isfinite(out.float()).all()
+    assert_parity(fx, out.float() - before.float(), "Q512-poisoned-s4", ref=ref)

@@ -17,7 +17,7 @@ from moebench.fixtures.builder import fixture_routes
 from moebench.kernels import fused_prefill
 from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, prefill_weights, shared_bytes,
-                                            validate_prefill, work_items)
+                                            split_work, validate_prefill, work_items)
 
 FP8 = torch.float8_e4m3fn
 
@@ -97,6 +97,28 @@ def test_work_items():
     # gate_up: one item a block and requant group; down: one a block (all its output tiles)
     assert work_items(10, 256, 7168) == (10, 10)
     assert work_items(10, 1024, 2048) == (40, 10)
+    # K ranges multiply gate_up's items; chunks of tiles divide down's blocks (the last one short)
+    assert work_items(10, 1024, 2048, splits=3) == (120, 10)
+    assert work_items(10, 256, 7168, chunk=10) == (10, 30)
+
+
+def test_the_cut_fills_the_last_round():
+    # A512's 267 blocks on 132 SMs: one item a block leaves 3 CTAs a third round; the cut
+    # spreads that round over every CTA, and a plan that already fills its rounds stays whole
+    splits, chunk = split_work(267, 256, 7168, 132)
+    assert splits > 1 and chunk < 28
+    g, d = work_items(267, 256, 7168, splits, chunk)
+    # K steps (gate_up) and tiles (down) a CTA streams on the busiest CTA: 3 x 56 and 3 x 28 uncut
+    assert -(-g // 132) * (56 / splits) <= 0.85 * 3 * 56
+    assert -(-d // 132) * chunk <= 0.85 * 3 * 28
+    assert split_work(261, 256, 7168, 132) == (1, 28)  # A256: two full rounds
+    assert split_work(515, 256, 2048, 132) == (1, 8)   # Q512: four rounds, 97% full
+    # never a K range below MIN_SPLIT_STEPS steps, never a chunk of no tile
+    assert split_work(3, 256, 640, 132)[0] == 1
+    for blocks in (1, 5, 133, 300):
+        s, c = split_work(blocks, 256, 7168, 132)
+        assert 1 <= s <= fused_prefill.MAX_SPLITS and 7168 // 128 // s >= fused_prefill.MIN_SPLIT_STEPS
+        assert 1 <= c <= 28
 
 
 def _box_rows(tile: int, inter: int, gate_up: bool) -> list[int]:

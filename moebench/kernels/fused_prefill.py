@@ -28,6 +28,7 @@ GATE_UP, DOWN = "moebench_prefill_gate_up", "moebench_prefill_down"
 BLOCK_M = 64  # slots per route-plan block: the wgmma M (the .cu's BLOCK_M)
 BLOCK_N = 256  # weight rows per work item: two consumer warpgroups of 128 (the .cu's BLOCK_N)
 THREADS = 288  # two consumer warpgroups + one producer warp
+THREADS_CONSUMING = 256  # the two consumer warpgroups: gate_up's chained sums hold 64 floats each
 STAGES = 4  # ring depth: 4 x 40 KB, plus the down kernel's output staging, fits one CTA an SM
 # Mean slots per routed expert from which the wgmma path is taken: below it a block of 64 is
 # mostly padding and the decode kernel, which streams each expert's weights near the HBM rate
@@ -50,10 +51,45 @@ def shared_bytes(stages: int = STAGES) -> int:
     return n + 2 * stages * 8 + 1024
 
 
-def work_items(blocks: int, N: int, K: int) -> tuple[int, int]:
-    """(gate_up, down) work items for `blocks` plan blocks: gate_up one a block and requant group;
-    down one a block, which streams all -(-K // BLOCK_N) tiles of its expert's w2."""
-    return blocks * (N // 256), blocks
+# Work cuts the host weighs (split_work). An item's fixed cost, in units of its own steps: a
+# gate_up K range stores and reloads a 64-row FP32 sum; a down chunk re-reads its plan entries.
+MAX_SPLITS, SPLIT_COST, CHUNK_COST = 4, 2.0, 0.5
+MIN_SPLIT_STEPS = 4  # K steps a gate_up range keeps at least
+
+
+def _rounds_cost(units: int, parts: int, steps: int, ctas: int, fixed: float) -> float:
+    """Modelled time of `units` x `parts` items of steps/parts steps each on `ctas` CTAs:
+    full rounds of the persistent grid times one item's steps plus its fixed cost."""
+    return -(-units * parts // ctas) * (steps / parts + fixed)
+
+
+CUT_SLACK = 1.03  # the fewest items whose modelled time is within 3% of the best cut's
+
+
+def _fewest_within(options: range, cost) -> int:
+    best = min(cost(o) for o in options)
+    return next(o for o in options if cost(o) <= best * CUT_SLACK)
+
+
+def split_work(blocks: int, N: int, K: int, ctas: int) -> tuple[int, int]:
+    """(splits, chunk): gate_up's K ranges a (block, group) and down's tiles an item, picked for
+    the plan's real block count so the last round of the persistent grid is not a few CTAs
+    streaming alone: the fewest items within CUT_SLACK of the model's best."""
+    groups, k_steps, tiles = N // 256, K // 128, -(-K // BLOCK_N)
+    units = max(blocks, 1)
+    splits = _fewest_within(range(1, max(1, min(MAX_SPLITS, k_steps // MIN_SPLIT_STEPS)) + 1),
+                            lambda s: _rounds_cost(units * groups, s, k_steps, ctas, SPLIT_COST if s > 1 else 0.0))
+    chunks = _fewest_within(range(1, tiles + 1), lambda c: _rounds_cost(units, c, tiles, ctas, CHUNK_COST if c > 1 else 0.0))
+    return splits, -(-tiles // chunks)
+
+
+def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None = None) -> tuple[int, int]:
+    """(gate_up, down) work items for `blocks` plan blocks: gate_up one a block, requant group and
+    K range; down one a block and chunk of `chunk` tiles of its expert's w2 (all
+    -(-K // BLOCK_N) tiles when None)."""
+    tiles = -(-K // BLOCK_N)
+    chunk = tiles if chunk is None else chunk
+    return blocks * (N // 256) * splits, blocks * -(-tiles // chunk)
 
 
 KERNELS = ("gate_up", GATE_UP), ("down", DOWN)
@@ -139,10 +175,12 @@ def build_prefill(stages: int = STAGES):
 
 
 def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
-                        max_ctas: int | None = None):
+                        max_ctas: int | None = None, blocks: int | None = None,
+                        splits: int | None = None, chunk: int | None = None):
     """Validate, allocate the intermediate (and a zeroed output when None), build the TMA maps
     and both launches; `launch()` runs the two kernels on torch's current stream. Persistent
-    grids of one CTA an SM (or `max_ctas`)."""
+    grids of one CTA an SM (or `max_ctas`); the work cut (`split_work`) is picked for `blocks`
+    real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit, tensor_map
@@ -162,9 +200,17 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     for k in (k1, k2):
         raise_shared_limit(k, smem, dev.index)
     max_blocks = cap // BLOCK_M
-    items1, items2 = work_items(max_blocks, N, K)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
+    cut = split_work(max_blocks if blocks is None else blocks, N, K, ctas)
+    splits, chunk = splits or cut[0], chunk or cut[1]
+    _need(1 <= splits <= K // GROUP, f"splits={splits} must be in [1, K/128 = {K // GROUP}]")
+    _need(1 <= chunk, f"chunk={chunk} must be at least 1")
+    items1, items2 = work_items(max_blocks, N, K, splits, chunk)
+    # gate_up's chained K ranges: a 64-row FP32 sum a (block, group), flags 0 between launches
+    part = torch.empty((max_blocks * (N // 256) * THREADS_CONSUMING * 64) if splits > 1 else 1,
+                       dtype=torch.float32, device=dev)
+    flags = torch.zeros(max_blocks * (N // 256) if splits > 1 else 1, dtype=torch.int32, device=dev)
     grid1, grid2 = (max(1, min(ctas, items1)), 1, 1), (max(1, min(ctas, items2)), 1, 1)
     p = np.uint64
     plan_ptrs = [p(plan.sorted_token_ids.data_ptr()), p(plan.expert_ids.data_ptr()),
@@ -172,11 +218,12 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     i32 = np.int32
     run1 = bind_launch(k1, grid1, (THREADS, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
                        p(x.data_ptr()), p(x_scale.data_ptr()), *plan_ptrs, p(a.data_ptr()), p(a_scale.data_ptr()),
-                       i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks))
+                       i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks), i32(splits),
+                       p(part.data_ptr()), p(flags.data_ptr()))
     run2 = bind_launch(k2, grid2, (THREADS, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
                        p(a.data_ptr()), p(a_scale.data_ptr()), *plan_ptrs, p(route_w.data_ptr()), p(out.data_ptr()),
-                       i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks))
-    keep = (x, x_scale, w, plan, topk_weights, route_w, out, a, a_scale, w1_map, w2_map)
+                       i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks), i32(chunk))
+    keep = (x, x_scale, w, plan, topk_weights, route_w, out, a, a_scale, w1_map, w2_map, part, flags)
 
     def launch() -> None:
         _ = keep  # the pointers and descriptors stay valid while the launch lives
@@ -184,7 +231,8 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
         run2()
 
     return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES,
-                                      max_blocks=max_blocks, intermediate=(a, a_scale))
+                                      max_blocks=max_blocks, intermediate=(a, a_scale), splits=splits,
+                                      chunk=chunk, flags=flags)
 
 
 def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None):
@@ -197,12 +245,13 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None):
     plan = plan.to(fx.device)
     w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
-                                                    max_ctas=max_ctas)
+                                                    max_ctas=max_ctas, blocks=blocks)
     res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
     identity = {
         "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
         "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
-        "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K)), "build": module.build.to_dict(),
+        "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
+        "splits": dims["splits"], "chunk": dims["chunk"], "build": module.build.to_dict(),
         "registers": {k: r.registers for k, r in res.items()},
         "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),
         "resources_from": sorted({r.source for r in res.values()}),

@@ -9,11 +9,14 @@
 //
 // Work and roles. Each kernel is a persistent grid (one CTA an SM) whose CTAs walk work items
 // item = blockIdx.x + i * gridDim.x over route-plan blocks of BLOCK_M = 64 slots (one expert each):
-//   gate_up: (block, requant group g), block fastest (the blocks of one expert share w1 tiles in
-//            L2 while they run at once); one tile: gate rows 128g.. and up rows I + 128g.., 128
-//            each, K/128 steps
-//   down:    a block, streaming every 256-row tile of w2[e] (output columns), I/128 steps each,
-//            so an item's plan reads are paid once for K/256 tiles
+//   gate_up: (block, requant group g, K range), block fastest (the blocks of one expert share w1
+//            tiles in L2 while they run at once); one tile: gate rows 128g.. and up rows
+//            I + 128g.., 128 each, over 1/splits of the K/128 steps; the K ranges of a
+//            (block, group) chain their FP32 sums through global memory, the last runs the epilogue
+//   down:    (block, chunk of tiles), block fastest, streaming `chunk` 256-row tiles of w2[e]
+//            (output columns), I/128 steps each, so an item's plan reads are paid once a chunk
+// The host cuts the work (splits, chunk) so that the items fill the persistent grid's last round:
+// with one item a block, 267 blocks on 132 SMs (A512) leave three CTAs streaming a third round.
 // Plan entries are read one item ahead by every role. 288 threads: two consumer warpgroups
 // (warps 0-7) and a producer warp (warp 8). Per 128-wide K step the producer fills one of STAGES ring stages:
 //   - weights, 256 rows x 128 B by four TMA boxes of 64 rows (128-byte swizzle), completing on
@@ -114,6 +117,16 @@ __device__ __forceinline__ void red_add_bf16x8(uint16_t* out, uint4 v) {
                :: "l"(out), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ bool real_slot(int slot, int num_slots) { return slot >= 0 && slot < num_slots; }
 
 // What one kernel's items are: the plan's blocks times `tiles` weight tiles, K steps each.
@@ -131,12 +144,41 @@ struct Problem {
   const int* sorted_ids;
   const int* expert_ids;
   int num_slots, num_experts, blocks, tiles;
+  // how an item's work is cut (the host picks both from the plan's size, fused_prefill.split_work):
+  // gate_up runs a (block, group) as `splits` K ranges, chained through `part` (FP32 partial sums,
+  // 64 floats a consumer thread) and `flags` (one a (block, group), 0 between launches); down runs
+  // a block's tiles in chunks of `chunk`
+  int splits, chunk;
+  float* part;
+  int* flags;
+};
+
+// What one item covers: its plan block, tiles [tile0, tile1), K steps [kb0, kb1), and (gate_up)
+// its K range's place in the chain. Items run block fastest, then tile (or chunk), then split, so
+// split s of a (block, group) always has a larger item number than split s - 1: a CTA that waits
+// for a smaller item number never waits in a cycle (every CTA of the persistent grid is resident
+// and walks its items in increasing order).
+struct Span {
+  int block, tile0, tile1, kb0, kb1, split;
 };
 
 // Items: gate_up's are (block, group), block fastest, one tile each; down's are blocks, each
 // streaming all of its tiles (so the plan reads of an item are amortized over K/256 tiles).
 template <bool GATE_UP>
-__device__ __forceinline__ int num_items(const Problem& p) { return GATE_UP ? p.blocks * p.tiles : p.blocks; }
+__device__ __forceinline__ int num_items(const Problem& p) {
+  return GATE_UP ? p.blocks * p.tiles * p.splits : p.blocks * ((p.tiles + p.chunk - 1) / p.chunk);
+}
+
+template <bool GATE_UP>
+__device__ __forceinline__ Span item_span(const Problem& p, int item) {
+  const int k_steps = p.k_dim / BLOCK_K;
+  const int block = item % p.blocks, r = item / p.blocks;
+  if (GATE_UP) {
+    const int tile = r % p.tiles, split = r / p.tiles;
+    return Span{block, tile, tile + 1, split * k_steps / p.splits, (split + 1) * k_steps / p.splits, split};
+  }
+  return Span{block, r * p.chunk, min(p.tiles, (r + 1) * p.chunk), 0, k_steps, 0};
+}
 
 // First weight row (within the expert) of TMA box `i` (0..3) of tile `tile`: gate_up boxes are
 // gate 0-63, up 0-63, gate 64-127, up 64-127 of the group; down boxes are consecutive rows.
@@ -151,7 +193,6 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   const int lane = threadIdx.x % 32;
   const int k_steps = p.k_dim / BLOCK_K;
   const int items = num_items<GATE_UP>(p);
-  const int item_tiles = GATE_UP ? 1 : p.tiles;
   const int scale_rows = p.rows_per_expert / 128;
   if (lane == 0) tma_prefetch_descriptor(p.w_map);
   // An item's plan entries (its expert, this lane's rows `lane` and `lane + 32`) are read one
@@ -164,7 +205,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   }
   int step = 0;
   while (item < items) {
-    const int first_tile = GATE_UP ? item / p.blocks : 0;
+    const Span sp = item_span<GATE_UP>(p, item);
     const int next = item + gridDim.x;
     int next_expert = -1, next_lo = -1, next_hi = -1;
     if (next < items) {
@@ -179,13 +220,12 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
       const float* const ssrc[2] = {p.act_scale + row_lo * k_steps, p.act_scale + row_hi * k_steps};
       const uint32_t bytes[2] = {real_lo ? 16u : 0u, real_hi ? 16u : 0u};
       const float* ws = p.w_scale + size_t(expert) * scale_rows * k_steps;
-      for (int tt = 0; tt < item_tiles; ++tt) {
-        const int tile = first_tile + tt;
+      for (int tile = sp.tile0; tile < sp.tile1; ++tile) {
         // the two weight-block scales of this tile: (gate, up) of group `tile`, or the tile's two
         // 128-row blocks (the second clamped inside the expert where K is no multiple of 256)
         const int sb0 = GATE_UP ? tile : min(2 * tile, scale_rows - 1);
         const int sb1 = GATE_UP ? scale_rows / 2 + tile : min(2 * tile + 1, scale_rows - 1);
-        for (int kb = 0; kb < k_steps; ++kb, ++step) {
+        for (int kb = sp.kb0; kb < sp.kb1; ++kb, ++step) {
           const int s = step % STAGES;
           if (step >= STAGES) mbar_wait(&empty[s], ((step / STAGES) - 1) & 1);
           uint8_t* a_stage = smem + OFF_A + s * A_TILE;
@@ -249,19 +289,17 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int w = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
   const int r0 = 16 * w + g, r1 = r0 + 8;  // this thread's two rows of the block
-  const int k_steps = p.k_dim / BLOCK_K;
   const int items = num_items<GATE_UP>(p);
-  const int item_tiles = GATE_UP ? 1 : p.tiles;
   float acc[64], part[64];
   int step = 0, parity = 0;
   int item = blockIdx.x;
   ItemMeta meta;
   if (item < items) meta = load_meta(p, item, r0);
   while (item < items) {
-    const int first_tile = GATE_UP ? item / p.blocks : 0;
+    const Span sp = item_span<GATE_UP>(p, item);
     const int next = item + gridDim.x;
     const ItemMeta m = meta;
-    const int block = item % p.blocks;
+    const int block = sp.block;
     if (next < items) meta = load_meta(p, next, r0);  // one item ahead
     item = next;
     if (m.expert < 0 || m.expert >= p.num_experts) continue;
@@ -271,11 +309,10 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
     int red[8];  // (down) the slots of the 8 staged rows this thread reduces into the output
 #pragma unroll
     for (int i = 0; i < 8; ++i) red[i] = GATE_UP ? -1 : p.sorted_ids[block * BLOCK_M + tid / 16 + 8 * i];
-    for (int tt = 0; tt < item_tiles; ++tt) {
-      const int tile = first_tile + tt;
+    for (int tile = sp.tile0; tile < sp.tile1; ++tile) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-      for (int kb = 0; kb < k_steps; ++kb, ++step) {
+      for (int kb = sp.kb0; kb < sp.kb1; ++kb, ++step) {
         const int s = step % STAGES;
         mbar_wait(&full[s], (step / STAGES) & 1);
         fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
@@ -303,6 +340,41 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
         }
       }
 
+      if (GATE_UP && p.splits > 1) {
+        // ---------------------------------------------- the K-range chain of a (block, group)
+        // Split s adds split s - 1's running sum (once its flag says s) and, unless it is the
+        // last, stores the new sum and raises the flag to s + 1; the last runs the epilogue and
+        // lowers the flag to 0 for the next launch. Threads whose two rows are both padding
+        // neither store nor add (their rows are never written out).
+        const int cell = block * p.tiles + tile;
+        float4* mine = reinterpret_cast<float4*>(p.part + (size_t(cell) * CONSUMERS + threadIdx.x) * 64);
+        const bool live = real0 || real1;
+        if (sp.split > 0) {
+          if (threadIdx.x == 0)
+            while (ld_acquire_gpu(p.flags + cell) < sp.split) __nanosleep(64);
+          named_barrier(4, CONSUMERS);
+          if (live) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+              const float4 v = __ldcg(mine + i);
+              acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
+            }
+          }
+        }
+        if (sp.split < p.splits - 1) {
+          if (live) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) __stcg(mine + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+          }
+          named_barrier(4, CONSUMERS);  // every store of the sum is issued before the flag's release
+          if (threadIdx.x == 0) {
+            __threadfence();
+            st_release_gpu(p.flags + cell, sp.split + 1);
+          }
+          continue;
+        }
+        if (threadIdx.x == 0) p.flags[cell] = 0;  // every reader of this cell has passed its wait
+      }
       if (GATE_UP) {
         // ---------------------------------------------- SwiGLU, per-token requant over the group
         const int inter = p.rows_per_expert / 2, groups = inter / 128;
@@ -410,9 +482,11 @@ __device__ __forceinline__ int plan_blocks(const int* num_post_padded, int max_b
 extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_up(
     const __grid_constant__ TmaDescriptor w1_map, const float* w1_scale, const uint8_t* x, const float* x_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, uint8_t* a, float* a_scale,
-    int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks) {
+    int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float* part,
+    int* flags) {
   const Problem p{&w1_map, w1_scale, n_dim, k_dim, x, x_scale, top_k, sorted_ids, expert_ids,
-                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256};
+                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256,
+                  splits, 1, part, flags};
   run<true>(p, a, a_scale, nullptr, nullptr, top_k);
 }
 
@@ -421,8 +495,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_u
 extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(
     const __grid_constant__ TmaDescriptor w2_map, const float* w2_scale, const uint8_t* a, const float* a_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, const float* route_w,
-    uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks) {
+    uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk) {
   const Problem p{&w2_map, w2_scale, k_dim, inter, a, a_scale, 1, sorted_ids, expert_ids,
-                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), (k_dim + BLOCK_N - 1) / BLOCK_N};
+                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), (k_dim + BLOCK_N - 1) / BLOCK_N,
+                  1, chunk, nullptr, nullptr};
   run<false>(p, nullptr, nullptr, route_w, out, top_k);
 }
