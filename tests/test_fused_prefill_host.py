@@ -105,8 +105,9 @@ def test_work_items():
 def test_the_cut_fills_the_last_round():
     # A512's 267 blocks on 132 SMs: one item a block leaves 3 CTAs a third round; the cut
     # spreads that round over every CTA, and a plan that already fills its rounds stays whole
-    splits, chunk = split_work(267, 256, 7168, 132)
-    assert splits > 1 and chunk < 28
+    assert split_work(267, 256, 7168, 132)[0] == 1  # the default rule keeps gate_up's K whole
+    splits, chunk = split_work(267, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
+    assert splits > 1 and chunk < 28 and split_work(267, 256, 7168, 132)[1] == chunk
     g, d = work_items(267, 256, 7168, splits, chunk)
     # K steps (gate_up) and tiles (down) a CTA streams on the busiest CTA: 3 x 56 and 3 x 28 uncut
     assert -(-g // 132) * (56 / splits) <= 0.85 * 3 * 56
@@ -116,7 +117,7 @@ def test_the_cut_fills_the_last_round():
     # never a K range below MIN_SPLIT_STEPS steps, never a chunk of no tile
     assert split_work(3, 256, 640, 132)[0] == 1
     for blocks in (1, 5, 133, 300):
-        s, c = split_work(blocks, 256, 7168, 132)
+        s, c = split_work(blocks, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
         assert 1 <= s <= fused_prefill.MAX_SPLITS and 7168 // 128 // s >= fused_prefill.MIN_SPLIT_STEPS
         assert 1 <= c <= 28
 

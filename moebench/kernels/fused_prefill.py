@@ -53,7 +53,10 @@ def shared_bytes(stages: int = STAGES) -> int:
 
 # Work cuts the host weighs (split_work). An item's fixed cost, in units of its own steps: a
 # gate_up K range stores and reloads a 64-row FP32 sum; a down chunk re-reads its plan entries.
+# The default rule never splits gate_up's K: at A512 three chained ranges took gate_up from
+# 155.4 us to 174.5 (docs/kernels.md); the chain stays as an option (make_prefill_launch's splits).
 MAX_SPLITS, SPLIT_COST, CHUNK_COST = 4, 2.0, 0.5
+DEFAULT_MAX_SPLITS = 1
 MIN_SPLIT_STEPS = 4  # K steps a gate_up range keeps at least
 
 
@@ -71,13 +74,13 @@ def _fewest_within(options: range, cost) -> int:
     return next(o for o in options if cost(o) <= best * CUT_SLACK)
 
 
-def split_work(blocks: int, N: int, K: int, ctas: int) -> tuple[int, int]:
+def split_work(blocks: int, N: int, K: int, ctas: int, max_splits: int = DEFAULT_MAX_SPLITS) -> tuple[int, int]:
     """(splits, chunk): gate_up's K ranges a (block, group) and down's tiles an item, picked for
     the plan's real block count so the last round of the persistent grid is not a few CTAs
     streaming alone: the fewest items within CUT_SLACK of the model's best."""
     groups, k_steps, tiles = N // 256, K // 128, -(-K // BLOCK_N)
     units = max(blocks, 1)
-    splits = _fewest_within(range(1, max(1, min(MAX_SPLITS, k_steps // MIN_SPLIT_STEPS)) + 1),
+    splits = _fewest_within(range(1, max(1, min(max_splits, MAX_SPLITS, k_steps // MIN_SPLIT_STEPS)) + 1),
                             lambda s: _rounds_cost(units * groups, s, k_steps, ctas, SPLIT_COST if s > 1 else 0.0))
     chunks = _fewest_within(range(1, tiles + 1), lambda c: _rounds_cost(units, c, tiles, ctas, CHUNK_COST if c > 1 else 0.0))
     return splits, -(-tiles // chunks)
