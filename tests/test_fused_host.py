@@ -444,6 +444,8 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
         out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):
         out.append(("sm90_grouped_gemm.cu", cfg.defines()))
+    from moebench.kernels import fused_prefill  # the prefill path's two kernels, as the arm builds them
+    out.append((fused_prefill.SOURCE, {"STAGES": str(fused_prefill.STAGES)}))
     known = {s for s, _ in out}
     for p in sorted(fused_arm_kernels_dir().glob("*.cu")):  # a new source compiles with its defaults
         if p.name not in known:

@@ -10,7 +10,9 @@ or 4 of 96*K, the default), or streamed by one CTA (cluster=1, block_m up to 16:
 exchange, but one SM's bulk copies; an option, not the default); the grid is persistent (as
 many clusters as the GPU holds at once). The weight layout is fused_layout's, the launch
 arithmetic (shared memory, occupancy, ring depth, cluster placement) fused_policy's, the input
-checks fused_checks'; this module builds, launches and registers the arm.
+checks fused_checks'; this module builds, launches and registers the arm. Calls whose experts
+average many tokens take fused_prefill's two FP8 wgmma kernels instead (`choose_path`; the
+call's identity says which path ran and why).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K, validate  # noqa: F4
 from moebench.kernels.fused_checks import need as _need
 from moebench.kernels.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
                                            FusedWeights, prepare_fused_weights)
+from moebench.kernels.fused_prefill import MIN_TOKENS_PER_EXPERT, PATHS, choose_path, prepare_prefill_call
 from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
                                            SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
@@ -226,12 +229,16 @@ FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
 
 @register_arm("cuda-fused")
 class CudaFusedArm(Arm):
-    description = "one sm_90a kernel: gate/up, SwiGLU, FP8 requant on chip, down, BF16 reduce-add (Swap-AB mma)"
+    description = ("gate/up, SwiGLU, FP8 requant, down, BF16 reduce-add: one sm_90a kernel (Swap-AB mma) for decode, "
+                   "two FP8 wgmma kernels for large expert groups")
     source_file = SOURCE
     deterministic = False  # the DETERMINISTIC build and its combine (cuda-fused-det)
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
-                 cluster: int | None = None, max_clusters: int | None = None, source: KernelSource | None = None):
+                 cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
+                 source: KernelSource | None = None):
+        if path is not None and path not in PATHS:
+            raise UserError(f"cuda-fused: path={path!r} must be one of {', '.join(PATHS)}")
         if cluster is not None and cluster not in CLUSTERS:
             raise UserError(f"cuda-fused: cluster={cluster} must be one of {', '.join(map(str, CLUSTERS))}")
         if max_clusters is not None and max_clusters < 1:
@@ -239,6 +246,15 @@ class CudaFusedArm(Arm):
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
         self.max_clusters = max_clusters
         self.source = source or shipped_source()
+        tuned = [k for k in ("block_m", "stages", "per_sm", "cluster", "max_clusters") if getattr(self, k) is not None]
+        if path == "prefill" and tuned:
+            raise UserError(f"cuda-fused: {', '.join(tuned)} set the decode kernel; path=prefill does not launch it")
+        if path == "prefill" and (source is not None or self.deterministic):
+            raise UserError(f"cuda-fused: path=prefill runs the wgmma kernels, not "
+                            f"{'a build of ' + SOURCE if source is not None else 'the deterministic build'}")
+        # options of the decode kernel, a build of its source or the deterministic build choose
+        # it (the prefill kernels reduce-add in hardware order); otherwise the route plan does
+        self.path = path or ("decode" if tuned or source is not None or self.deterministic else "auto")
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
@@ -256,6 +272,15 @@ class CudaFusedArm(Arm):
 
     def prepare(self, fx: Fixture) -> PreparedCall:
         s = fx.spec
+        # Which kernels this call launches, from the route plan (fused_prefill.choose_path): the
+        # wgmma prefill pair for large expert groups, the one-kernel decode path otherwise.
+        routed = int(torch.unique(fx.topk_ids).numel())
+        path = choose_path(fx.M * s.top_k, routed) if self.path == "auto" else self.path
+        if path == "prefill":
+            call = prepare_prefill_call(self.name, fx)
+            call.identity["path_rule"] = dict(chosen_by=self.path, routed_experts=routed,
+                                              min_tokens_per_expert=MIN_TOKENS_PER_EXPERT)
+            return call
         bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
         if self.block_m is None and self.cluster == 1:
             bm = min(bm, MAX_BLOCK_M_ALONE)  # the default never picks a block one CTA cannot hold
@@ -269,6 +294,8 @@ class CudaFusedArm(Arm):
                                                       deterministic=self.deterministic)
         res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
+            "path": "decode", "path_rule": dict(chosen_by=self.path, routed_experts=routed,
+                                                min_tokens_per_expert=MIN_TOKENS_PER_EXPERT),
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
             "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": dims["cluster"],
             "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],
@@ -283,8 +310,8 @@ class CudaFusedArm(Arm):
 
 @register_arm("cuda-fused-det")
 class CudaFusedDetArm(CudaFusedArm):
-    name = "cuda-fused-det"
     description = ("cuda-fused with a fixed reduction order: each slot's contribution into its own BF16 "
-                   "workspace row, a combine kernel sums them in order (bitwise run-to-run, batch-invariant)")
+                   "workspace row, a combine kernel sums them in order (bitwise run-to-run, batch-invariant); "
+                   "the decode kernel at every M")
     deterministic = True
 

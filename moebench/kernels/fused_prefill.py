@@ -1,0 +1,265 @@
+"""`cuda-fused`'s path for prefill-sized expert groups: two FP8 wgmma kernels (sm90_fused_prefill.cu).
+
+  moebench_prefill_gate_up   GEMM1, SwiGLU and the per-token FP8 requant, into a [slots, I] buffer
+  moebench_prefill_down      GEMM2 and the route-weighted BF16 reduce-add into the output
+
+The arm picks this path or the one-kernel decode path on the host, per prepared call, from the
+route plan (`choose_path`); the choice, its kernels and their launch shape are in the call's
+identity. Public helpers:
+  choose_path(num_slots, routed_experts) -> "prefill" | "decode"
+  prefill_weights(w1, w1_scale, w2, w2_scale) -> PrefillWeights       untimed views, no re-layout
+  make_prefill_launch(x, x_scale, weights, plan, topk_weights, out=None) -> (launch, out, module, dims)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from moebench.fixtures import RoutePlan, plan_capacity
+from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K
+from moebench.kernels.fused_checks import need as _need
+from moebench.kernels.fused_layout import FP8, GROUP
+
+SOURCE = "sm90_fused_prefill.cu"
+GATE_UP, DOWN = "moebench_prefill_gate_up", "moebench_prefill_down"
+BLOCK_M = 64  # slots per route-plan block: the wgmma M (the .cu's BLOCK_M)
+BLOCK_N = 256  # weight rows per work item: two consumer warpgroups of 128 (the .cu's BLOCK_N)
+THREADS = 288  # two consumer warpgroups + one producer warp
+THREADS_CONSUMING = 256  # the two consumer warpgroups: gate_up's chained sums hold 64 floats each
+STAGES = 4  # ring depth: 4 x 40 KB, plus the down kernel's output staging, fits one CTA an SM
+# Mean slots per routed expert from which the wgmma path is taken: below it a block of 64 is
+# mostly padding and the decode kernel, which streams each expert's weights near the HBM rate
+# in blocks of 8, is faster. Both paths forced on the H200 (docs/kernels.md, 9947595): A256 (8.96 slots an
+# expert) decode 217 us, prefill 230; Q512 (10.0) prefill 130, decode 134.
+MIN_TOKENS_PER_EXPERT = 10.0
+PATHS = ("auto", "decode", "prefill")
+
+
+def choose_path(num_slots: int, routed_experts: int) -> str:
+    """The kernel family for a route plan: "prefill" where experts average at least
+    MIN_TOKENS_PER_EXPERT slots, else "decode"."""
+    return "prefill" if num_slots >= MIN_TOKENS_PER_EXPERT * max(routed_experts, 1) else "decode"
+
+
+def shared_bytes(stages: int = STAGES) -> int:
+    """Dynamic shared memory of one CTA: mirrors the .cu's layout (a test checks the two agree)."""
+    a_tile, b_tile, scales, c_row = BLOCK_M * 128, BLOCK_N * 128, (BLOCK_M + 4) * 4, 128 * 2 + 16
+    n = stages * (a_tile + b_tile + scales) + 2 * 2 * BLOCK_M * 4 + 2 * BLOCK_M * c_row
+    return n + 2 * stages * 8 + 1024
+
+
+# Work cuts the host weighs (split_work). An item's fixed cost, in units of its own steps: a
+# gate_up K range stores and reloads a 64-row FP32 sum; a down chunk re-reads its plan entries.
+# The default rule never splits gate_up's K: at A512 three chained ranges took gate_up from
+# 155.4 us to 174.5 (docs/kernels.md); the chain stays as an option (make_prefill_launch's splits).
+MAX_SPLITS, SPLIT_COST, CHUNK_COST = 4, 2.0, 0.5
+DEFAULT_MAX_SPLITS = 1
+MIN_SPLIT_STEPS = 4  # K steps a gate_up range keeps at least
+
+
+def _rounds_cost(units: int, parts: int, steps: int, ctas: int, fixed: float) -> float:
+    """Modelled time of `units` x `parts` items of steps/parts steps each on `ctas` CTAs:
+    full rounds of the persistent grid times one item's steps plus its fixed cost."""
+    return -(-units * parts // ctas) * (steps / parts + fixed)
+
+
+CUT_SLACK = 1.03  # the fewest items whose modelled time is within 3% of the best cut's
+
+
+def _fewest_within(options: range, cost) -> int:
+    best = min(cost(o) for o in options)
+    return next(o for o in options if cost(o) <= best * CUT_SLACK)
+
+
+def split_work(blocks: int, N: int, K: int, ctas: int, max_splits: int = DEFAULT_MAX_SPLITS) -> tuple[int, int]:
+    """(splits, chunk): gate_up's K ranges a (block, group) and down's tiles an item, picked for
+    the plan's real block count so the last round of the persistent grid is not a few CTAs
+    streaming alone: the fewest items within CUT_SLACK of the model's best."""
+    groups, k_steps, tiles = N // 256, K // 128, -(-K // BLOCK_N)
+    units = max(blocks, 1)
+    splits = _fewest_within(range(1, max(1, min(max_splits, MAX_SPLITS, k_steps // MIN_SPLIT_STEPS)) + 1),
+                            lambda s: _rounds_cost(units * groups, s, k_steps, ctas, SPLIT_COST if s > 1 else 0.0))
+    chunks = _fewest_within(range(1, tiles + 1), lambda c: _rounds_cost(units, c, tiles, ctas, CHUNK_COST if c > 1 else 0.0))
+    return splits, -(-tiles // chunks)
+
+
+def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None = None) -> tuple[int, int]:
+    """(gate_up, down) work items for `blocks` plan blocks: gate_up one a block, requant group and
+    K range; down one a block and chunk of `chunk` tiles of its expert's w2 (all
+    -(-K // BLOCK_N) tiles when None)."""
+    tiles = -(-K // BLOCK_N)
+    chunk = tiles if chunk is None else chunk
+    return blocks * (N // 256) * splits, blocks * -(-tiles // chunk)
+
+
+KERNELS = ("gate_up", GATE_UP), ("down", DOWN)
+
+
+@dataclass(frozen=True)
+class PrefillWeights:
+    """The fixture's FP8 weights as 2-D row views (TMA boxes of 64 rows x 128 bytes) and scales."""
+
+    w1: torch.Tensor  # [E * N, K] uint8, gate rows then up rows of each expert
+    w1_scale: torch.Tensor  # [E, N/128, K/128] fp32
+    w2: torch.Tensor  # [E * K, I] uint8
+    w2_scale: torch.Tensor  # [E, K/128, I/128] fp32
+    E: int
+    N: int
+    K: int
+
+    @property
+    def I(self) -> int:  # noqa: E743
+        return self.N // 2
+
+
+def prefill_weights(w1, w1_scale, w2, w2_scale) -> PrefillWeights:
+    """The weights as the prefill kernels read them: the same bytes, no re-layout."""
+    _need(w1.dtype in (FP8, torch.uint8) and w2.dtype in (FP8, torch.uint8), "w1 and w2 must be float8_e4m3fn codes")
+    _need(w1.dim() == 3 and w2.dim() == 3, f"w1 must be [E, N, K] and w2 [E, K, I], got {list(w1.shape)}, {list(w2.shape)}")
+    E, N, K = w1.shape
+    _need(K % GROUP == 0 and K > 0, f"K={K} must be a positive multiple of {GROUP}")
+    _need(N % (2 * GROUP) == 0 and N > 0, f"N={N} must be a positive multiple of {2 * GROUP}")
+    _need(tuple(w2.shape) == (E, K, N // 2), f"w2 must be [E, K, I] = {[E, K, N // 2]}, got {list(w2.shape)}")
+    for t, shape, name in ((w1_scale, (E, N // GROUP, K // GROUP), "w1_scale"),
+                           (w2_scale, (E, K // GROUP, N // 2 // GROUP), "w2_scale")):
+        _need(t.dtype == torch.float32 and tuple(t.shape) == shape, f"{name} must be float32 {list(shape)}")
+    return PrefillWeights(w1.contiguous().view(torch.uint8).reshape(E * N, K), w1_scale.contiguous(),
+                          w2.contiguous().view(torch.uint8).reshape(E * K, N // 2), w2_scale.contiguous(), E, N, K)
+
+
+def validate_prefill(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out) -> dict:
+    """Every assumption the two kernels make, as one sentence each; returns the dimensions."""
+    E, N, K, I = w.E, w.N, w.K, w.I
+    _need(1 <= E <= MAX_E, f"E={E} must be in [1, {MAX_E}]")
+    _need(x.dtype == FP8 and x.dim() == 2 and x.shape[1] == K, f"x must be float8_e4m3fn [M, K={K}], got {x.dtype} {list(x.shape)}")
+    M = x.shape[0]
+    _need(M >= 1, "x has no rows")
+    _need(x_scale.dtype == torch.float32 and tuple(x_scale.shape) == (M, K // GROUP),
+          f"x_scale must be float32 [{M}, {K // GROUP}], got {x_scale.dtype} {list(x_scale.shape)}")
+    _need(topk_weights.dtype == torch.float32 and topk_weights.dim() == 2 and topk_weights.shape[0] == M,
+          f"topk_weights must be float32 [M={M}, top_k], got {topk_weights.dtype} {list(topk_weights.shape)}")
+    top_k = topk_weights.shape[1]
+    _need(1 <= top_k <= MAX_TOP_K, f"top_k={top_k} must be in [1, {MAX_TOP_K}]")
+    _need(plan.block_m == BLOCK_M, f"the prefill path takes plans of block_m={BLOCK_M}, got {plan.block_m}")
+    _need(plan.num_slots == M * top_k, f"the plan has {plan.num_slots} slots, expected M*top_k = {M * top_k}")
+    for name in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
+        t = getattr(plan, name)
+        _need(t.dtype == torch.int32 and t.dim() == 1, f"plan.{name} must be a 1-D int32 tensor")
+    cap = plan.sorted_token_ids.numel()
+    want = plan_capacity(M * top_k, E, BLOCK_M)
+    _need(cap >= want and cap % BLOCK_M == 0,
+          f"plan.sorted_token_ids holds {cap} slots; the worst case needs {want} (a multiple of {BLOCK_M})")
+    _need(plan.expert_ids.numel() >= cap // BLOCK_M, f"plan.expert_ids holds {plan.expert_ids.numel()} blocks, needs {cap // BLOCK_M}")
+    _need(plan.num_tokens_post_padded.numel() >= 1, "plan.num_tokens_post_padded is empty")
+    _need(M * top_k * max(I, K) < 2**31, "the problem is too large for one launch")
+    if out is not None:
+        _need(out.dtype == torch.bfloat16 and tuple(out.shape) == (M, K), f"out must be bfloat16 [{M}, {K}]")
+    tensors = {"x": x, "x_scale": x_scale, "w1": w.w1, "w1_scale": w.w1_scale, "w2": w.w2, "w2_scale": w.w2_scale,
+               "topk_weights": topk_weights, "out": out, "plan.sorted_token_ids": plan.sorted_token_ids,
+               "plan.expert_ids": plan.expert_ids, "plan.num_tokens_post_padded": plan.num_tokens_post_padded}
+    for name, t in tensors.items():
+        if t is not None:
+            _need(t.device == x.device, f"{name} is on {t.device}, x on {x.device}: all tensors must share one CUDA device")
+            _need(t.is_contiguous() and t.data_ptr() % 16 == 0, f"{name} must be contiguous and 16-byte aligned")
+    _need(x.device.type == "cuda", f"tensors must be on a CUDA device, got {x.device}")
+    cc = torch.cuda.get_device_capability(x.device)
+    _need(cc == (9, 0), f"needs an sm_90 GPU (H100/H200), {x.device} is sm_{cc[0]}{cc[1]}")
+    return dict(M=M, K=K, N=N, I=I, E=E, top_k=top_k, capacity=cap)
+
+
+# Cached per process in the arm's own module, like fused_arm.build_fused.
+@functools.lru_cache(maxsize=None)
+def build_prefill(stages: int = STAGES):
+    from moebench.kernels.cuda_build import compile_source
+    return compile_source(SOURCE, defines={"STAGES": str(stages)})
+
+
+def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
+                        max_ctas: int | None = None, blocks: int | None = None,
+                        splits: int | None = None, chunk: int | None = None):
+    """Validate, allocate the intermediate (and a zeroed output when None), build the TMA maps
+    and both launches; `launch()` runs the two kernels on torch's current stream. Persistent
+    grids of one CTA an SM (or `max_ctas`); the work cut (`split_work`) is picked for `blocks`
+    real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given."""
+    import numpy as np
+
+    from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit, tensor_map
+    dims = validate_prefill(x, x_scale, w, plan, topk_weights, out)
+    M, K, N, I, E, top_k, cap = (dims[k] for k in ("M", "K", "N", "I", "E", "top_k", "capacity"))
+    dev = x.device
+    if out is None:
+        out = torch.zeros(M, K, dtype=torch.bfloat16, device=dev)
+    slots = M * top_k
+    a = torch.empty(slots, I, dtype=torch.uint8, device=dev)
+    a_scale = torch.empty(slots, I // GROUP, dtype=torch.float32, device=dev)
+    route_w = topk_weights.reshape(-1)
+    w1_map, w2_map = tensor_map(w.w1, (64, 128)), tensor_map(w.w2, (64, 128))
+    module = build_prefill(STAGES)
+    smem = shared_bytes(STAGES)
+    k1, k2 = module.kernel(GATE_UP, dev.index), module.kernel(DOWN, dev.index)
+    for k in (k1, k2):
+        raise_shared_limit(k, smem, dev.index)
+    max_blocks = cap // BLOCK_M
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
+    cut = split_work(max_blocks if blocks is None else blocks, N, K, ctas)
+    splits, chunk = splits or cut[0], chunk or cut[1]
+    _need(1 <= splits <= K // GROUP, f"splits={splits} must be in [1, K/128 = {K // GROUP}]")
+    _need(1 <= chunk, f"chunk={chunk} must be at least 1")
+    items1, items2 = work_items(max_blocks, N, K, splits, chunk)
+    # gate_up's chained K ranges: a 64-row FP32 sum a (block, group), flags 0 between launches
+    part = torch.empty((max_blocks * (N // 256) * THREADS_CONSUMING * 64) if splits > 1 else 1,
+                       dtype=torch.float32, device=dev)
+    flags = torch.zeros(max_blocks * (N // 256) if splits > 1 else 1, dtype=torch.int32, device=dev)
+    grid1, grid2 = (max(1, min(ctas, items1)), 1, 1), (max(1, min(ctas, items2)), 1, 1)
+    p = np.uint64
+    plan_ptrs = [p(plan.sorted_token_ids.data_ptr()), p(plan.expert_ids.data_ptr()),
+                 p(plan.num_tokens_post_padded.data_ptr())]
+    i32 = np.int32
+    run1 = bind_launch(k1, grid1, (THREADS, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
+                       p(x.data_ptr()), p(x_scale.data_ptr()), *plan_ptrs, p(a.data_ptr()), p(a_scale.data_ptr()),
+                       i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks), i32(splits),
+                       p(part.data_ptr()), p(flags.data_ptr()))
+    run2 = bind_launch(k2, grid2, (THREADS, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
+                       p(a.data_ptr()), p(a_scale.data_ptr()), *plan_ptrs, p(route_w.data_ptr()), p(out.data_ptr()),
+                       i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks), i32(chunk))
+    keep = (x, x_scale, w, plan, topk_weights, route_w, out, a, a_scale, w1_map, w2_map, part, flags)
+
+    def launch() -> None:
+        _ = keep  # the pointers and descriptors stay valid while the launch lives
+        run1()
+        run2()
+
+    return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES,
+                                      max_blocks=max_blocks, intermediate=(a, a_scale), splits=splits,
+                                      chunk=chunk, flags=flags)
+
+
+def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None):
+    """The arm's prepared call on this path (untimed: plan, views, buffers, build)."""
+    from moebench.fixtures import route_plan
+    from moebench.kernels.arm import KernelDecl, PreparedCall
+    s = fx.spec
+    plan = route_plan(fx.topk_ids, s.E, BLOCK_M)
+    blocks = plan.num_blocks
+    plan = plan.to(fx.device)
+    w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+    launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
+                                                    max_ctas=max_ctas, blocks=blocks)
+    res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
+    identity = {
+        "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
+        "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
+        "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
+        "splits": dims["splits"], "chunk": dims["chunk"], "build": module.build.to_dict(),
+        "registers": {k: r.registers for k, r in res.items()},
+        "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),
+        "resources_from": sorted({r.source for r in res.values()}),
+        "mma": "wgmma m64n128k32 e4m3 -> f32, tokens in M",
+    }
+    return PreparedCall(arm=arm_name, run=launch, output=out,
+                        kernels=tuple(KernelDecl(label, name, 1) for label, name in KERNELS),
+                        reset=out.zero_, identity=identity, workspace=dims["intermediate"])

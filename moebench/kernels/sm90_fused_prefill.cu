@@ -1,0 +1,503 @@
+// sm90_fused_prefill.cu: the `cuda-fused` arm's path for prefill-sized expert groups (sm_90a).
+//
+//   moebench_prefill_gate_up   a[slot, 128g..] , a_scale[slot, g] = requant128(silu(x . w1_gate^T) * (x . w1_up^T))
+//   moebench_prefill_down      out[token(slot), :] += route_w[slot] * (a[slot] . w2[e]^T)      BF16 reduce-add
+//
+// The decode kernel (sm90_fused_moe.cu) runs mma.sync m16n8k32 e4m3, which sm_90 executes as
+// unpacked F16 HMMAs: free while it waits on HBM, the limit once expert groups hold hundreds
+// of tokens. Here both GEMMs run FP8 wgmma (QGMMA in the SASS) with tokens in the 64-row slot.
+//
+// Work and roles. Each kernel is a persistent grid (one CTA an SM) whose CTAs walk work items
+// item = blockIdx.x + i * gridDim.x over route-plan blocks of BLOCK_M = 64 slots (one expert each):
+//   gate_up: (block, requant group g, K range), block fastest (the blocks of one expert share w1
+//            tiles in L2 while they run at once); one tile: gate rows 128g.. and up rows
+//            I + 128g.., 128 each, over 1/splits of the K/128 steps; the K ranges of a
+//            (block, group) chain their FP32 sums through global memory, the last runs the epilogue
+//   down:    (block, chunk of tiles), block fastest, streaming `chunk` 256-row tiles of w2[e]
+//            (output columns), I/128 steps each, so an item's plan reads are paid once a chunk
+// The host cuts the work (splits, chunk) so that the items fill the persistent grid's last round:
+// with one item a block, 267 blocks on 132 SMs (A512) leave three CTAs streaming a third round.
+// Plan entries are read one item ahead by every role. 288 threads: two consumer warpgroups
+// (warps 0-7) and a producer warp (warp 8). Per 128-wide K step the producer fills one of STAGES ring stages:
+//   - weights, 256 rows x 128 B by four TMA boxes of 64 rows (128-byte swizzle), completing on
+//     the stage's full mbarrier by bytes. Consumer warpgroup h takes rows 128h..128h+127; in
+//     gate_up those are gate columns 64h..64h+63 of the group, then the same up columns, so a
+//     thread holds each column's gate and up sums side by side;
+//   - the block's 64 activation rows (x by token in gate_up, a by slot in down), gathered with
+//     16-byte cp.async into the same swizzled layout, zero for padding slots; and the 64 row
+//     scales (0 for padding) and two weight-block scales. Each lane publishes its copies LAG
+//     steps later (wait_group, proxy fence, arrive), as sm90_grouped_gemm.cu does.
+// Each consumer warpgroup runs four m64n128k32 wgmma a stage into a fresh accumulator, waits,
+// and folds it into the FP32 accumulator times weight scale x row scale (block-scale promotion:
+// a tensor-core FP8 sum never runs past one 128-wide scale block).
+//
+// Epilogues. gate_up: SwiGLU in registers, the row's amax over the 128 columns of the group
+// (a quad shuffle, then the other warpgroup's half through shared memory), scale =
+// max(amax / 448, 1e-10), e4m3 codes by cvt.rn.satfinite, stored per real slot (the oracle's
+// rule). down: acc x route weight to BF16 pairs, staged per warpgroup in shared memory, then
+// 16-byte red.global.add.noftz.v4.bf16x2 into the token's output row (the combine; the sum's
+// last bit depends on the order the reductions land, as in the decode kernel).
+//
+// Blocks at or past the device-side padded total, or with an expert outside [0, E), are
+// skipped by both kernels (their slots' intermediate rows are never written or read).
+//
+// Bytes and FLOPs per K step: 32 KB of weights (from HBM, or from L2 when another block of the
+// expert reads the same tile at once) + 8 KB of gathered activations + 264 B of scales, for
+// 2 x 64 x 256 x 128 = 4.2 MFLOP: 2 x BLOCK_M FLOP a weight byte.
+
+#include "sm90_common.cuh"
+
+#ifndef STAGES
+#define STAGES 4
+#endif
+
+constexpr int BLOCK_M = 64;     // slots per route-plan block: wgmma's M
+constexpr int BLOCK_N = 256;    // weight rows per item: 128 per consumer warpgroup (wgmma N)
+constexpr int WG_N = 128;
+constexpr int BLOCK_K = 128;    // K per step: one FP8 scale block, one 128-byte swizzled row
+constexpr int BOX_ROWS = 64;    // rows per TMA box
+constexpr int CONSUMERS = 256;  // two warpgroups
+constexpr int THREADS = CONSUMERS + 32;
+constexpr int LAG = 2;          // producer steps between issuing a stage's cp.async and publishing it
+static_assert(LAG < STAGES, "the producer would wait on a stage it has not published");
+
+constexpr int A_TILE = BLOCK_M * BLOCK_K;  // 8 KB
+constexpr int B_TILE = BLOCK_N * BLOCK_K;  // 32 KB
+constexpr int SCALES = BLOCK_M + 4;        // 64 row scales, then 2 weight scales (padded to 16 B)
+constexpr int C_ROW = WG_N * 2 + 16;       // one staged BF16 output row of a warpgroup, padded
+
+// Dynamic shared memory, from a 1024-aligned base (swizzled tiles need it).
+constexpr int OFF_A = 0;
+constexpr int OFF_B = OFF_A + STAGES * A_TILE;
+constexpr int OFF_S = OFF_B + STAGES * B_TILE;
+constexpr int OFF_AMAX = OFF_S + STAGES * SCALES * 4;      // [2 item parities][2 warpgroups][64 rows]
+constexpr int OFF_C = OFF_AMAX + 2 * 2 * BLOCK_M * 4;      // [2 warpgroups][64 rows][C_ROW]
+constexpr int OFF_BAR = OFF_C + 2 * BLOCK_M * C_ROW;
+constexpr int SMEM_USED = OFF_BAR + 2 * STAGES * 8;
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // what the host must pass (alignment slack)
+static_assert(SMEM_BYTES <= 227 * 1024, "STAGES too deep for one CTA an SM");
+
+// D[64 x 128] (+)= A[64 x 32] . B[128 x 32]^T, FP8 e4m3, FP32 accumulators (layout: see Wgmma<N>
+// in sm90_common.cuh: lane 4g+q of warp w holds rows 16w+g and 16w+g+8, columns 8j+2q, +1).
+template <> struct Wgmma<128> {
+  static constexpr int kRegs = 64;
+  __device__ __forceinline__ static void mma(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, "
+        "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+        "%58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
+
+__device__ __forceinline__ uint32_t dynamic_smem_size() {
+  uint32_t v;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+  return v;
+}
+
+// __expf and __fdividef, as the decode kernel: no IEEE division slow path. For v below about
+// -88, __expf(-v) is inf and the quotient 0, silu's limit.
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
+
+// out[0..7] += v: one 16-byte v4.bf16x2 reduction in L2 (out 16-byte aligned).
+__device__ __forceinline__ void red_add_bf16x8(uint16_t* out, uint4 v) {
+  asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};"
+               :: "l"(out), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ bool real_slot(int slot, int num_slots) { return slot >= 0 && slot < num_slots; }
+
+// What one kernel's items are: the plan's blocks times `tiles` weight tiles, K steps each.
+struct Problem {
+  // weights: TMA over [E * rows_per_expert, k_dim] FP8 (box 64 x 128), block scales
+  // [E, rows_per_expert / 128, k_dim / 128]
+  const TmaDescriptor* w_map;
+  const float* w_scale;
+  int rows_per_expert, k_dim;
+  // activations: [rows, k_dim] FP8 and [rows, k_dim / 128] FP32, row = slot / row_div
+  const uint8_t* act;
+  const float* act_scale;
+  int row_div;
+  // route plan
+  const int* sorted_ids;
+  const int* expert_ids;
+  int num_slots, num_experts, blocks, tiles;
+  // how an item's work is cut (the host picks both from the plan's size, fused_prefill.split_work):
+  // gate_up runs a (block, group) as `splits` K ranges, chained through `part` (FP32 partial sums,
+  // 64 floats a consumer thread) and `flags` (one a (block, group), 0 between launches); down runs
+  // a block's tiles in chunks of `chunk`
+  int splits, chunk;
+  float* part;
+  int* flags;
+};
+
+// What one item covers: its plan block, tiles [tile0, tile1), K steps [kb0, kb1), and (gate_up)
+// its K range's place in the chain. Items run block fastest, then tile (or chunk), then split, so
+// split s of a (block, group) always has a larger item number than split s - 1: a CTA that waits
+// for a smaller item number never waits in a cycle (every CTA of the persistent grid is resident
+// and walks its items in increasing order).
+struct Span {
+  int block, tile0, tile1, kb0, kb1, split;
+};
+
+// Items: gate_up's are (block, group), block fastest, one tile each; down's are blocks, each
+// streaming all of its tiles (so the plan reads of an item are amortized over K/256 tiles).
+template <bool GATE_UP>
+__device__ __forceinline__ int num_items(const Problem& p) {
+  return GATE_UP ? p.blocks * p.tiles * p.splits : p.blocks * ((p.tiles + p.chunk - 1) / p.chunk);
+}
+
+template <bool GATE_UP>
+__device__ __forceinline__ Span item_span(const Problem& p, int item) {
+  const int k_steps = p.k_dim / BLOCK_K;
+  const int block = item % p.blocks, r = item / p.blocks;
+  if (GATE_UP) {
+    const int tile = r % p.tiles, split = r / p.tiles;
+    return Span{block, tile, tile + 1, split * k_steps / p.splits, (split + 1) * k_steps / p.splits, split};
+  }
+  return Span{block, r * p.chunk, min(p.tiles, (r + 1) * p.chunk), 0, k_steps, 0};
+}
+
+// First weight row (within the expert) of TMA box `i` (0..3) of tile `tile`: gate_up boxes are
+// gate 0-63, up 0-63, gate 64-127, up 64-127 of the group; down boxes are consecutive rows.
+__device__ __forceinline__ int box_row(bool gate_up, int tile, int i, int inter) {
+  return gate_up ? (i & 1) * inter + tile * 128 + (i >> 1) * 64 : tile * BLOCK_N + i * BOX_ROWS;
+}
+
+// ---------------------------------------------------------------------------------- producer
+
+template <bool GATE_UP>
+__device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty) {
+  const int lane = threadIdx.x % 32;
+  const int k_steps = p.k_dim / BLOCK_K;
+  const int items = num_items<GATE_UP>(p);
+  const int scale_rows = p.rows_per_expert / 128;
+  if (lane == 0) tma_prefetch_descriptor(p.w_map);
+  // An item's plan entries (its expert, this lane's rows `lane` and `lane + 32`) are read one
+  // item ahead, so their latency hides behind the current item's stream.
+  int item = blockIdx.x, expert = -1, slot_lo = -1, slot_hi = -1;
+  if (item < items) {
+    expert = p.expert_ids[item % p.blocks];
+    slot_lo = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane];
+    slot_hi = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32];
+  }
+  int step = 0;
+  while (item < items) {
+    const Span sp = item_span<GATE_UP>(p, item);
+    const int next = item + gridDim.x;
+    int next_expert = -1, next_lo = -1, next_hi = -1;
+    if (next < items) {
+      next_expert = p.expert_ids[next % p.blocks];
+      next_lo = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane];
+      next_hi = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane + 32];
+    }
+    if (expert >= 0 && expert < p.num_experts) {
+      const bool real_lo = real_slot(slot_lo, p.num_slots), real_hi = real_slot(slot_hi, p.num_slots);
+      const size_t row_lo = real_lo ? size_t(slot_lo / p.row_div) : 0, row_hi = real_hi ? size_t(slot_hi / p.row_div) : 0;
+      const uint8_t* const src[2] = {p.act + row_lo * p.k_dim, p.act + row_hi * p.k_dim};
+      const float* const ssrc[2] = {p.act_scale + row_lo * k_steps, p.act_scale + row_hi * k_steps};
+      const uint32_t bytes[2] = {real_lo ? 16u : 0u, real_hi ? 16u : 0u};
+      const float* ws = p.w_scale + size_t(expert) * scale_rows * k_steps;
+      for (int tile = sp.tile0; tile < sp.tile1; ++tile) {
+        // the two weight-block scales of this tile: (gate, up) of group `tile`, or the tile's two
+        // 128-row blocks (the second clamped inside the expert where K is no multiple of 256)
+        const int sb0 = GATE_UP ? tile : min(2 * tile, scale_rows - 1);
+        const int sb1 = GATE_UP ? scale_rows / 2 + tile : min(2 * tile + 1, scale_rows - 1);
+        for (int kb = sp.kb0; kb < sp.kb1; ++kb, ++step) {
+          const int s = step % STAGES;
+          if (step >= STAGES) mbar_wait(&empty[s], ((step / STAGES) - 1) & 1);
+          uint8_t* a_stage = smem + OFF_A + s * A_TILE;
+          uint8_t* b_stage = smem + OFF_B + s * B_TILE;
+          float* sc = reinterpret_cast<float*>(smem + OFF_S) + s * SCALES;
+          if (lane == 0) {
+            mbar_arrive_expect_tx(&full[s], B_TILE);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              tma_load_2d(b_stage + i * BOX_ROWS * BLOCK_K, p.w_map, &full[s], kb * BLOCK_K,
+                          expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
+            cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
+            cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int t = lane + 32 * h;
+#pragma unroll
+            for (int c = 0; c < 8; ++c)  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
+              cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), src[h] + kb * BLOCK_K + c * 16, bytes[h]);
+            cp_async_4(&sc[t], ssrc[h] + kb, bytes[h] >> 2);
+          }
+          cp_async_commit();
+          // publish step - LAG: this lane's copies have landed; the proxy fence hands them to the
+          // async proxy (wgmma); the arrive releases them
+          if (step >= LAG) {
+            cp_async_wait_group<LAG>();
+            fence_proxy_async_smem();
+            mbar_arrive(&full[(step - LAG) % STAGES]);
+          }
+        }
+      }
+    }
+    item = next, expert = next_expert, slot_lo = next_lo, slot_hi = next_hi;
+  }
+  cp_async_wait_all();
+  fence_proxy_async_smem();
+  for (int i = step > LAG ? step - LAG : 0; i < step; ++i) mbar_arrive(&full[i % STAGES]);
+}
+
+// ---------------------------------------------------------------------------------- consumers
+
+// What a consumer thread reads of an item's plan entries one item ahead: the expert and the
+// slots of its two accumulator rows.
+struct ItemMeta {
+  int expert, slot0, slot1;
+};
+
+__device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0) {
+  const int block = item % p.blocks;
+  return ItemMeta{p.expert_ids[block], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
+}
+
+template <bool GATE_UP>
+__device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                        // gate_up's outputs
+                                        uint8_t* __restrict__ a_out, float* __restrict__ a_scale_out,
+                                        // down's
+                                        const float* __restrict__ route_w, uint16_t* __restrict__ out,
+                                        int top_k) {
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int w = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int r0 = 16 * w + g, r1 = r0 + 8;  // this thread's two rows of the block
+  const int items = num_items<GATE_UP>(p);
+  float acc[64], part[64];
+  int step = 0, parity = 0;
+  int item = blockIdx.x;
+  ItemMeta meta;
+  if (item < items) meta = load_meta(p, item, r0);
+  while (item < items) {
+    const Span sp = item_span<GATE_UP>(p, item);
+    const int next = item + gridDim.x;
+    const ItemMeta m = meta;
+    const int block = sp.block;
+    if (next < items) meta = load_meta(p, next, r0);  // one item ahead
+    item = next;
+    if (m.expert < 0 || m.expert >= p.num_experts) continue;
+    const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
+    const float rw0 = !GATE_UP && real0 ? route_w[m.slot0] : 0.f;
+    const float rw1 = !GATE_UP && real1 ? route_w[m.slot1] : 0.f;
+    int red[8];  // (down) the slots of the 8 staged rows this thread reduces into the output
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[i] = GATE_UP ? -1 : p.sorted_ids[block * BLOCK_M + tid / 16 + 8 * i];
+    for (int tile = sp.tile0; tile < sp.tile1; ++tile) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+      for (int kb = sp.kb0; kb < sp.kb1; ++kb, ++step) {
+        const int s = step % STAGES;
+        mbar_wait(&full[s], (step / STAGES) & 1);
+        fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
+        const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
+        const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_K / 32; ++kk)  // +32 bytes of K = +2 in the descriptor's 16-byte units
+          Wgmma<128>::mma(part, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        const float* sc = reinterpret_cast<const float*>(smem + OFF_S) + s * SCALES;
+        const float t0 = sc[r0], t1 = sc[r1];
+        const float wlo = GATE_UP ? sc[BLOCK_M] : sc[BLOCK_M + wg];
+        const float whi = GATE_UP ? sc[BLOCK_M + 1] : wlo;
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);  // this warp's reads of stage s are done
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float ws = j < 8 ? wlo : whi;  // gate_up: columns 0-63 gate, 64-127 up
+          acc[4 * j + 0] += part[4 * j + 0] * (ws * t0);
+          acc[4 * j + 1] += part[4 * j + 1] * (ws * t0);
+          acc[4 * j + 2] += part[4 * j + 2] * (ws * t1);
+          acc[4 * j + 3] += part[4 * j + 3] * (ws * t1);
+        }
+      }
+
+      if (GATE_UP && p.splits > 1) {
+        // ---------------------------------------------- the K-range chain of a (block, group)
+        // Split s adds split s - 1's running sum (once its flag says s) and, unless it is the
+        // last, stores the new sum and raises the flag to s + 1; the last runs the epilogue and
+        // lowers the flag to 0 for the next launch. Threads whose two rows are both padding
+        // neither store nor add (their rows are never written out).
+        const int cell = block * p.tiles + tile;
+        float4* mine = reinterpret_cast<float4*>(p.part + (size_t(cell) * CONSUMERS + threadIdx.x) * 64);
+        const bool live = real0 || real1;
+        if (sp.split > 0) {
+          if (threadIdx.x == 0)
+            while (ld_acquire_gpu(p.flags + cell) < sp.split) __nanosleep(64);
+          named_barrier(4, CONSUMERS);
+          if (live) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+              const float4 v = __ldcg(mine + i);
+              acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
+            }
+          }
+        }
+        if (sp.split < p.splits - 1) {
+          if (live) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) __stcg(mine + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+          }
+          named_barrier(4, CONSUMERS);  // every store of the sum is issued before the flag's release
+          if (threadIdx.x == 0) {
+            __threadfence();
+            st_release_gpu(p.flags + cell, sp.split + 1);
+          }
+          continue;
+        }
+        if (threadIdx.x == 0) p.flags[cell] = 0;  // every reader of this cell has passed its wait
+      }
+      if (GATE_UP) {
+        // ---------------------------------------------- SwiGLU, per-token requant over the group
+        const int inter = p.rows_per_expert / 2, groups = inter / 128;
+        float* amax_buf = reinterpret_cast<float*>(smem + OFF_AMAX) + parity * 2 * BLOCK_M;
+        float h[32];
+        float m0 = 0.f, m1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            h[2 * j + x] = silu(acc[4 * j + x]) * acc[4 * (j + 8) + x];
+            h[16 + 2 * j + x] = silu(acc[4 * j + 2 + x]) * acc[4 * (j + 8) + 2 + x];
+            m0 = fmaxf(m0, fabsf(h[2 * j + x]));
+            m1 = fmaxf(m1, fabsf(h[16 + 2 * j + x]));
+          }
+        }
+#pragma unroll
+        for (int d = 1; d <= 2; d <<= 1) {
+          m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, d));
+          m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, d));
+        }
+        if (q == 0) {
+          amax_buf[wg * BLOCK_M + r0] = m0;
+          amax_buf[wg * BLOCK_M + r1] = m1;
+        }
+        named_barrier(1, CONSUMERS);  // both halves of the group's amax are in
+        m0 = fmaxf(m0, amax_buf[(1 - wg) * BLOCK_M + r0]);
+        m1 = fmaxf(m1, amax_buf[(1 - wg) * BLOCK_M + r1]);
+        const float s0 = fmaxf(__fdividef(m0, 448.0f), 1e-10f), s1 = fmaxf(__fdividef(m1, 448.0f), 1e-10f);
+        const int col = tile * 128 + wg * 64 + 2 * q;
+        if (real0) {
+          uint8_t* dst = a_out + size_t(m.slot0) * inter + col;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<uint16_t*>(dst + 8 * j) =
+                pack_e4m3x2(__fdividef(h[2 * j], s0), __fdividef(h[2 * j + 1], s0));
+          if (wg == 0 && q == 0) a_scale_out[size_t(m.slot0) * groups + tile] = s0;
+        }
+        if (real1) {
+          uint8_t* dst = a_out + size_t(m.slot1) * inter + col;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<uint16_t*>(dst + 8 * j) =
+                pack_e4m3x2(__fdividef(h[16 + 2 * j], s1), __fdividef(h[16 + 2 * j + 1], s1));
+          if (wg == 0 && q == 0) a_scale_out[size_t(m.slot1) * groups + tile] = s1;
+        }
+        parity ^= 1;
+      } else {
+        // ---------------------------------------------- route weight, BF16, reduce-add
+        const int n0 = tile * BLOCK_N + wg * WG_N;  // this warpgroup's first output column
+        uint8_t* c_tile = smem + OFF_C + wg * BLOCK_M * C_ROW;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          *reinterpret_cast<uint32_t*>(c_tile + r0 * C_ROW + (8 * j + 2 * q) * 2) =
+              pack_bf16x2(acc[4 * j] * rw0, acc[4 * j + 1] * rw0);
+          *reinterpret_cast<uint32_t*>(c_tile + r1 * C_ROW + (8 * j + 2 * q) * 2) =
+              pack_bf16x2(acc[4 * j + 2] * rw1, acc[4 * j + 3] * rw1);
+        }
+        named_barrier(2 + wg, 128);  // the warpgroup's tile is staged
+        if (n0 < p.rows_per_expert) {
+          const int c8 = tid % 16;  // this thread's 8 columns; rows tid / 16 + 8i
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            if (!real_slot(red[i], p.num_slots)) continue;
+            const uint4 v = *reinterpret_cast<const uint4*>(c_tile + (tid / 16 + 8 * i) * C_ROW + c8 * 16);
+            red_add_bf16x8(out + size_t(red[i] / top_k) * p.rows_per_expert + n0 + 8 * c8, v);
+          }
+        }
+        named_barrier(2 + wg, 128);  // its readers are done before the next tile's staging
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------- kernels
+
+template <bool GATE_UP>
+__device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_scale_out, const float* route_w,
+                                    uint16_t* out, int top_k) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(smem_raw) + 1023) & ~uint64_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
+  uint64_t* empty = full + STAGES;
+  if (threadIdx.x == 0) {
+    if (dynamic_smem_size() < uint32_t(SMEM_BYTES)) __trap();
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 32 + 1);           // 32 producer lanes (activations landed) + the TMA expect_tx
+      mbar_init(&empty[s], CONSUMERS / 32);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= CONSUMERS)
+    produce<GATE_UP>(p, smem, full, empty);
+  else
+    consume<GATE_UP>(p, smem, full, empty, a_out, a_scale_out, route_w, out, top_k);
+}
+
+__device__ __forceinline__ int plan_blocks(const int* num_post_padded, int max_blocks) {
+  return min((num_post_padded[0] + BLOCK_M - 1) / BLOCK_M, max_blocks);
+}
+
+// GEMM1 + SwiGLU + requant: x [M, K] FP8 (scales [M, K/128]) against w1 [E * 2I, K] (gate rows
+// first); writes a [slots, I] FP8 and a_scale [slots, I/128] for every real slot of a done block.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_up(
+    const __grid_constant__ TmaDescriptor w1_map, const float* w1_scale, const uint8_t* x, const float* x_scale,
+    const int* sorted_ids, const int* expert_ids, const int* num_post_padded, uint8_t* a, float* a_scale,
+    int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float* part,
+    int* flags) {
+  const Problem p{&w1_map, w1_scale, n_dim, k_dim, x, x_scale, top_k, sorted_ids, expert_ids,
+                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256,
+                  splits, 1, part, flags};
+  run<true>(p, a, a_scale, nullptr, nullptr, top_k);
+}
+
+// GEMM2 + combine: a [slots, I] against w2 [E * K, I]; out[slot / top_k, :K] += route_w[slot] * .
+// in BF16 (out is accumulated into, not zeroed).
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(
+    const __grid_constant__ TmaDescriptor w2_map, const float* w2_scale, const uint8_t* a, const float* a_scale,
+    const int* sorted_ids, const int* expert_ids, const int* num_post_padded, const float* route_w,
+    uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk) {
+  const Problem p{&w2_map, w2_scale, k_dim, inter, a, a_scale, 1, sorted_ids, expert_ids,
+                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), (k_dim + BLOCK_N - 1) / BLOCK_N,
+                  1, chunk, nullptr, nullptr};
+  run<false>(p, nullptr, nullptr, route_w, out, top_k);
+}

@@ -1,0 +1,228 @@
+"""cuda-fused's prefill path (two FP8 wgmma kernels) on an H100/H200: oracle parity at M = 256,
+4096 and 16384 in families A and Q, one hot expert taking every token, E = 512 top-10 at an M
+that is no multiple of the block, other K and N, a persistent grid squeezed to 1 or 3 CTAs,
+garbage past the padded total, experts outside [0, E), poisoned intermediates, and accumulation
+into a non-zero output."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
+from moebench.fixtures.shapes import Family, ShapeSpec
+from moebench.kernels.fused_arm import CudaFusedArm
+from moebench.kernels.fused_prefill import BLOCK_M, make_prefill_launch, prefill_weights
+from moebench.kernels.parity import References, check_parity, compare
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_sm90():
+    reason = CudaFusedArm().unavailable_reason(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+
+
+@functools.lru_cache(maxsize=None)
+def base(family: str):
+    """One fixture's weights a family (M = 256); larger M derive fresh tokens and routes from them."""
+    return build_fixture(ShapeRegistry().resolve(f"{family}256")).to("cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def weights(family: str):
+    fx = base(family)
+    return prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+
+
+def at(family: str, M: int, seed: int):
+    return base(family) if M == 256 else derive(base(family), seed=seed, M=M)
+
+
+def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False, splits=None, chunk=None,
+                times=1):
+    w = w if w is not None else prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
+    plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, BLOCK_M).to(fx.device)
+    launch, out, _, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out,
+                                               max_ctas=max_ctas, splits=splits, chunk=chunk)
+    if splits is not None:
+        assert dims["splits"] == splits
+    start = out.clone()
+    for _ in range(times - 1):  # earlier launches of the same call: each leaves the flags at 0
+        launch()
+        torch.cuda.synchronize()
+        assert int(dims["flags"].abs().sum()) == 0
+        out.copy_(start)
+    if poison:  # e4m3 0xFF is NaN: a code or scale the kernels read without writing shows
+        a, a_scale = dims["intermediate"]
+        a.fill_(0xFF)
+        a_scale.fill_(float("nan"))
+    launch()
+    torch.cuda.synchronize()
+    return out
+
+
+def assert_parity(fx, out, label, ref=None):
+    p = compare("cuda-fused", label, out, fixture_reference(fx) if ref is None else ref)
+    assert p.passed, f"{label}: {p.reason()} (rel_l2={p.rel_l2:.3g}, max_abs={p.max_abs:.3g})"
+    return p
+
+
+@pytest.mark.parametrize("M", [256, 4096, 16384])
+@pytest.mark.parametrize("family", ["A", "Q"])
+def test_parity_through_the_arm(family, M):
+    fx = at(family, M, seed=40 + M % 997)
+    call = CudaFusedArm(path=None if M >= 4096 else "prefill").prepare(fx)
+    assert call.identity["path"] == "prefill"  # at M >= 4096 the route plan picks it
+    assert [k.pattern for k in call.kernels] == ["moebench_prefill_gate_up", "moebench_prefill_down"]
+    assert call.identity["spills"] == 0
+    p = check_parity(call, References(fx), f"{family}{M}")
+    assert p.passed, f"{family}{M}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+
+
+def test_decode_sized_calls_keep_the_decode_kernel():
+    call = CudaFusedArm().prepare(build_fixture(ShapeRegistry().resolve("Q8")).to("cuda"))
+    assert call.identity["path"] == "decode" and call.kernels_per_sample == 1
+
+
+def test_one_hot_expert_takes_every_token():
+    b = base("Q")
+    M, E, top_k = 1000, b.spec.E, b.spec.top_k
+    g = torch.Generator().manual_seed(41)
+    others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
+    ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 16 blocks, the last one partial
+    fx = derive(b, seed=41, topk_ids=ids)
+    assert_parity(fx, run_prefill(fx, w=weights("Q")), "Q1000-hot")
+
+
+def test_every_token_on_the_same_experts():
+    b = base("A")
+    M = 300
+    ids = torch.arange(b.spec.top_k).repeat(M, 1)  # top_k experts, 300 slots each: no other expert
+    fx = derive(b, seed=42, topk_ids=ids)
+    assert_parity(fx, run_prefill(fx, w=weights("A")), "A300-same")
+
+
+@pytest.mark.parametrize("family, M", [("Q", 1000), ("A", 777)])
+def test_parity_m_not_a_multiple_of_the_block(family, M):
+    fx = at(family, M, seed=43)
+    assert (family != "Q") or (fx.spec.E == 512 and fx.spec.top_k == 10)
+    assert_parity(fx, run_prefill(fx, w=weights(family)), f"{family}{M}")
+
+
+@pytest.mark.parametrize("ctas", [1, 3])
+def test_few_ctas_walk_every_item(ctas):
+    # the persistent grid squeezed: one CTA takes ~400 items of each kernel, so the ring's
+    # barriers wrap their phases hundreds of times across item boundaries
+    fx = at("Q", 512, seed=44)
+    assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas), f"Q512-{ctas}cta")
+
+
+def test_poisoned_intermediate_and_a_nonzero_output():
+    fx = at("A", 1024, seed=45)
+    ref = fixture_reference(fx).float()
+    g = torch.Generator(device="cuda").manual_seed(45)
+    before = (torch.randn(ref.shape, generator=g, device="cuda") * ref.std()).to(torch.bfloat16)
+    out = run_prefill(fx, w=weights("A"), out=before.clone(), poison=True)
+    assert torch.isfinite(out.float()).all()
+    assert_parity(fx, out.float() - before.float(), "A1024-poisoned-accumulate", ref=ref)
+
+
+def test_garbage_past_the_padded_total_is_ignored():
+    fx = at("Q", 700, seed=46)
+    plan = route_plan(fx.topk_ids, fx.spec.E, BLOCK_M)
+    total, blocks = plan.padded_total, plan.num_blocks
+    g = torch.Generator().manual_seed(46)
+    ids, experts = plan.sorted_token_ids.clone(), plan.expert_ids.clone()
+    ids[total:] = torch.randint(0, plan.num_slots, (ids.numel() - total,), generator=g, dtype=torch.int32)
+    experts[blocks:] = torch.randint(0, fx.spec.E, (experts.numel() - blocks,), generator=g, dtype=torch.int32)
+    assert ids.numel() > total and experts.numel() > blocks
+    garbage = type(plan)(plan.block_m, ids, experts, plan.num_tokens_post_padded, plan.num_slots).to("cuda")
+    assert_parity(fx, run_prefill(fx, w=weights("Q"), plan=garbage, poison=True), "Q700-garbage")
+
+
+def test_blocks_with_an_expert_outside_the_range_are_skipped():
+    fx = at("Q", 2048, seed=47)
+    plan = route_plan(fx.topk_ids, fx.spec.E, BLOCK_M)
+    skip = torch.arange(1, plan.num_blocks, 7)
+    experts = plan.expert_ids.clone()
+    experts[skip] = torch.where(skip % 2 == 0, -1, fx.spec.E + 3).to(torch.int32)
+    slots = plan.sorted_token_ids.view(-1, BLOCK_M)[skip].flatten()
+    slots = slots[slots < plan.num_slots].long()
+    kept = type(plan)(plan.block_m, plan.sorted_token_ids, experts, plan.num_tokens_post_padded, plan.num_slots)
+    out = run_prefill(fx, w=weights("Q"), plan=kept.to("cuda"), poison=True)
+    w_kept = fx.topk_weights.clone()
+    w_kept.view(-1)[slots.to(w_kept.device)] = 0.0
+    assert slots.numel() > 100
+    assert_parity(fx, out, "Q2048-skipped", ref=fixture_reference(dataclasses.replace(fx, topk_weights=w_kept)))
+
+
+OTHER_DIMS = {
+    "N300 (N=1024)": (Family("N", "four requant groups", K=1024, E=16, top_k=4, N=1024, routed_scale=1.0,
+                             shared_expert=False), 300, 48),
+    "U200 (K=640)": (Family("U", "K no multiple of 256", K=640, E=16, top_k=4, N=512, routed_scale=1.0,
+                            shared_expert=False), 200, 49),
+    "K90 (K=128)": (Family("K", "one k block", K=128, E=8, top_k=2, N=256, routed_scale=1.0,
+                           shared_expert=False), 90, 50),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_DIMS))
+def test_parity_other_dims(name):
+    fam, M, seed = OTHER_DIMS[name]
+    fx = build_fixture(ShapeSpec(name.split()[0], fam, M, seed=seed)).to("cuda")
+    assert_parity(fx, run_prefill(fx, poison=True), name)
+
+
+# ------------------------------------------------------------------------------ the work cuts
+
+
+def test_the_arm_cuts_a512_down_into_chunks():
+    fx = at("A", 512, seed=47)
+    call = CudaFusedArm(path="prefill").prepare(fx)
+    assert call.identity["splits"] == 1 and call.identity["chunk"] < 28  # down in chunks, gate_up whole
+    p = check_parity(call, References(fx), "A512-cut")
+    assert p.passed, f"A512-cut: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+
+
+@pytest.mark.parametrize("family, M, splits, chunk", [
+    ("A", 256, 4, 3), ("A", 512, 3, 10), ("Q", 256, 2, 1), ("Q", 512, 4, 3),
+    ("A", 777, 2, 5), ("Q", 1000, 3, 8),
+])
+def test_parity_with_k_ranges_and_chunks(family, M, splits, chunk):
+    fx = at(family, M, seed=48 + M % 101)
+    assert_parity(fx, run_prefill(fx, w=weights(family), splits=splits, chunk=chunk, times=2),
+                  f"{family}{M}-s{splits}-c{chunk}")
+
+
+@pytest.mark.parametrize("ctas", [1, 3])
+def test_chained_k_ranges_on_few_ctas(ctas):
+    # one CTA runs every K range of a (block, group) itself, in order; three CTAs wait on each other
+    fx = at("Q", 512, seed=49)
+    assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas, splits=4, chunk=3), f"Q512-{ctas}cta-s4")
+
+
+def test_one_hot_expert_with_k_ranges():
+    b = base("A")
+    M, E, top_k = 512, b.spec.E, b.spec.top_k
+    g = torch.Generator().manual_seed(50)
+    others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
+    ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 8 full blocks
+    fx = derive(b, seed=50, topk_ids=ids)
+    assert_parity(fx, run_prefill(fx, w=weights("A"), splits=3, chunk=7), "A512-hot-s3")
+
+
+def test_e512_top10_poisoned_with_k_ranges():
+    fx = at("Q", 512, seed=51)
+    assert fx.spec.E == 512 and fx.spec.top_k == 10
+    ref = fixture_reference(fx).float()
+    g = torch.Generator(device="cuda").manual_seed(51)
+    before = (torch.randn(ref.shape, generator=g, device="cuda") * ref.std()).to(torch.bfloat16)
+    out = run_prefill(fx, w=weights("Q"), out=before.clone(), poison=True, splits=4, chunk=2)
+    assert torch.isfinite(out.float()).all()
+    assert_parity(fx, out.float() - before.float(), "Q512-poisoned-s4", ref=ref)

@@ -1,0 +1,279 @@
+"""CPU tests of cuda-fused's prefill path: the NVRTC build (wgmma, no spills), the host's mirror
+of its shared-memory layout, the work tiling, the path rule, the arm's options and the input
+checks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from moebench.errors import UserError
+from moebench.fixtures import ShapeRegistry, route_plan
+from moebench.fixtures.builder import fixture_routes
+from moebench.kernels import fused_prefill
+from moebench.kernels.fused_arm import CudaFusedArm
+from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, prefill_weights, shared_bytes,
+                                            split_work, validate_prefill, work_items)
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.core")
+    from moebench.kernels import cuda_build
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
+    cuda_build.clear_memo()
+    fused_prefill.build_prefill.cache_clear()
+    yield
+    cuda_build.clear_memo()
+    fused_prefill.build_prefill.cache_clear()
+
+
+# ------------------------------------------------------------------------------ build
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(p) if p.is_file() else None
+    except ImportError:
+        return None
+
+
+def test_both_kernels_compile_for_sm90a_without_spills(cache):
+    m = fused_prefill.build_prefill()
+    assert m.build.arch == "sm_90a"
+    for _, name in fused_prefill.KERNELS:
+        r = m.resources(name)
+        assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, (name, r)
+        assert r.registers <= 65536 // fused_prefill.THREADS // 8 * 8, (name, r)  # one CTA an SM
+        assert r.shared_bytes == 0  # all dynamic, sized by shared_bytes()
+
+
+def test_sass_runs_fp8_wgmma_and_nothing_in_local_memory(cache, tmp_path):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    cubin = tmp_path / "prefill.cubin"
+    cubin.write_bytes(fused_prefill.build_prefill().cubin)
+    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    # QGMMA is sm_90's FP8 tensor-core instruction (the decode kernel's mma.sync runs as HMMA)
+    assert sass.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 8  # four k32 steps a stage, two kernels
+    assert "HMMA" not in sass
+    for op in ("UTMALDG.2D", "LDGSTS", "REDG.E.ADD.BF16x8"):
+        assert op in sass, op
+    assert " LDL" not in sass and " STL" not in sass
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+def test_host_shared_bytes_match_the_kernel_layout(cache, stages):
+    from moebench.kernels.cuda_build import compile_source
+    src = (f'#include "{fused_prefill.SOURCE}"\n'
+           f'static_assert(SMEM_BYTES == {shared_bytes(stages)}, "host/device shared memory");\n')
+    compile_source(src, defines={"STAGES": str(stages)}, name="prefill_smem_check.cu")
+    assert shared_bytes(fused_prefill.STAGES) <= 227 * 1024
+
+
+def test_a_ring_too_deep_for_an_sm_does_not_compile(cache):
+    from moebench.kernels.cuda_build import CudaBuildError, compile_source
+    assert shared_bytes(5) > 227 * 1024
+    with pytest.raises(CudaBuildError, match="sm_90a"):
+        compile_source(fused_prefill.SOURCE, defines={"STAGES": "5"})
+
+
+# ------------------------------------------------------------------------------ tiling and the path rule
+
+
+def test_work_items():
+    # gate_up: one item a block and requant group; down: one a block (all its output tiles)
+    assert work_items(10, 256, 7168) == (10, 10)
+    assert work_items(10, 1024, 2048) == (40, 10)
+    # K ranges multiply gate_up's items; chunks of tiles divide down's blocks (the last one short)
+    assert work_items(10, 1024, 2048, splits=3) == (120, 10)
+    assert work_items(10, 256, 7168, chunk=10) == (10, 30)
+
+
+def test_the_cut_fills_the_last_round():
+    # A512's 267 blocks on 132 SMs: one item a block leaves 3 CTAs a third round; the cut
+    # spreads that round over every CTA, and a plan that already fills its rounds stays whole
+    assert split_work(267, 256, 7168, 132)[0] == 1  # the default rule keeps gate_up's K whole
+    splits, chunk = split_work(267, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
+    assert splits > 1 and chunk < 28 and split_work(267, 256, 7168, 132)[1] == chunk
+    g, d = work_items(267, 256, 7168, splits, chunk)
+    # K steps (gate_up) and tiles (down) a CTA streams on the busiest CTA: 3 x 56 and 3 x 28 uncut
+    assert -(-g // 132) * (56 / splits) <= 0.85 * 3 * 56
+    assert -(-d // 132) * chunk <= 0.85 * 3 * 28
+    assert split_work(261, 256, 7168, 132) == (1, 28)  # A256: two full rounds
+    assert split_work(515, 256, 2048, 132) == (1, 8)   # Q512: four rounds, 97% full
+    # never a K range below MIN_SPLIT_STEPS steps, never a chunk of no tile
+    assert split_work(3, 256, 640, 132)[0] == 1
+    for blocks in (1, 5, 133, 300):
+        s, c = split_work(blocks, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
+        assert 1 <= s <= fused_prefill.MAX_SPLITS and 7168 // 128 // s >= fused_prefill.MIN_SPLIT_STEPS
+        assert 1 <= c <= 28
+
+
+def _box_rows(tile: int, inter: int, gate_up: bool) -> list[int]:
+    """The .cu's box_row: the first row (inside the expert) of each of a tile's four TMA boxes."""
+    if gate_up:
+        return [(i & 1) * inter + tile * 128 + (i >> 1) * 64 for i in range(4)]
+    return [tile * 256 + 64 * i for i in range(4)]
+
+
+@pytest.mark.parametrize("N", [256, 512, 1024])
+def test_gate_up_tiles_pair_each_gate_column_with_its_up_column(N):
+    inter = N // 2
+    seen = []
+    for g in range(inter // 128):
+        boxes = _box_rows(g, inter, True)
+        rows = [r for b in boxes for r in range(b, b + 64)]  # stage rows 0..255
+        for wg in range(2):
+            half = rows[128 * wg:128 * wg + 128]  # warpgroup wg's wgmma B rows
+            gate, up = half[:64], half[64:]
+            assert [u - inter for u in up] == gate  # column c of the tile pairs with column c + 64
+            assert gate == list(range(128 * g + 64 * wg, 128 * g + 64 * wg + 64))
+        seen += rows
+    assert sorted(seen) == list(range(N))
+
+
+@pytest.mark.parametrize("K", [256, 640, 7168])
+def test_down_tiles_cover_every_output_column_once(K):
+    tiles = -(-K // fused_prefill.BLOCK_N)  # the .cu's tiles of the down kernel
+    rows = [r for t in range(tiles) for b in _box_rows(t, 128, False) for r in range(b, b + 64)]
+    assert sorted(r for r in rows if r < K) == list(range(K)) and len(set(rows)) == len(rows)
+
+
+@pytest.mark.parametrize("name, path", [("A8", "decode"), ("A128", "decode"), ("Q8", "decode"), ("Q128", "decode"),
+                                        ("A256", "decode"), ("Q256", "decode"), ("Q512", "prefill"), ("A512", "prefill"), ("A4096", "prefill"), ("Q1024", "prefill"),
+                                        ("Q16384", "prefill")])
+def test_the_path_rule_at_the_fixtures(name, path):
+    spec = ShapeRegistry().resolve(name)
+    ids, _ = fixture_routes(spec)
+    assert choose_path(ids.numel(), int(torch.unique(ids).numel())) == path
+
+
+def test_the_path_rule_threshold():
+    t = fused_prefill.MIN_TOKENS_PER_EXPERT
+    assert choose_path(int(100 * t), 100) == "prefill"
+    assert choose_path(int(100 * t) - 1, 100) == "decode"
+    assert choose_path(1, 0) == "decode"
+
+
+def test_arm_path_options():
+    assert CudaFusedArm().path == "auto"
+    assert CudaFusedArm(path="prefill").path == "prefill"
+    assert CudaFusedArm(block_m=16).path == "decode"  # a decode-kernel option picks that kernel
+    with pytest.raises(UserError, match="path='fast' must be one of auto, decode, prefill"):
+        CudaFusedArm(path="fast")
+    with pytest.raises(UserError, match="block_m, cluster set the decode kernel"):
+        CudaFusedArm(path="prefill", block_m=8, cluster=4)
+
+
+def test_builds_and_the_deterministic_arm_run_the_decode_kernel():
+    from moebench.kernels.fused_arm import CudaFusedDetArm, shipped_source
+    assert CudaFusedDetArm().path == "decode"  # the prefill kernels reduce-add in hardware order
+    assert CudaFusedArm(source=shipped_source()).path == "decode"  # a build is of the decode kernel's source
+    with pytest.raises(UserError, match="not the deterministic build"):
+        CudaFusedDetArm(path="prefill")
+    with pytest.raises(UserError, match="not a build of"):
+        CudaFusedArm(path="prefill", source=shipped_source())
+
+
+def test_decode_options_without_a_path_still_reach_the_decode_kernel():
+    from moebench.kernels.registry import make_arms
+    arm, = make_arms(["cuda-fused"], {"block_m": 8})
+    assert arm.path == "decode" and arm.block_m == 8
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def _codes(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).view(FP8)
+
+
+def _problem(M=40, K=256, N=256, E=4, top_k=2):
+    w = prefill_weights(_codes(E, N, K, seed=1), torch.ones(E, N // 128, K // 128), _codes(E, K, N // 2, seed=2),
+                        torch.ones(E, K // 128, N // 256))
+    ids = torch.stack([torch.randperm(E)[:top_k] for _ in range(M)]).int()
+    return dict(x=_codes(M, K, seed=3), x_scale=torch.ones(M, K // 128), w=w, plan=route_plan(ids, E, BLOCK_M),
+                topk_weights=torch.ones(M, top_k), out=None)
+
+
+def _check(**changes):
+    p = _problem()
+    p.update(changes)
+    validate_prefill(p["x"], p["x_scale"], p["w"], p["plan"], p["topk_weights"], p["out"])
+
+
+def test_weight_views_are_the_same_bytes():
+    E, N, K = 3, 512, 384
+    w1, w2 = _codes(E, N, K, seed=4), _codes(E, K, N // 2, seed=5)
+    w = prefill_weights(w1, torch.ones(E, 4, 3), w2, torch.ones(E, 3, 2))
+    assert isinstance(w, PrefillWeights) and (w.E, w.N, w.K, w.I) == (E, N, K, N // 2)
+    assert torch.equal(w.w1.view(E, N, K), w1.view(torch.uint8)) and w.w1.shape == (E * N, K)
+    assert torch.equal(w.w2.view(E, K, N // 2), w2.view(torch.uint8)) and w.w2.shape == (E * K, N // 2)
+
+
+@pytest.mark.parametrize("args, message", [
+    (lambda: (_codes(2, 200, 256), torch.ones(2, 2, 2), _codes(2, 256, 100), torch.ones(2, 2, 1)), "N=200"),
+    (lambda: (_codes(2, 256, 200), torch.ones(2, 2, 2), _codes(2, 200, 128), torch.ones(2, 2, 1)), "K=200"),
+    (lambda: (_codes(2, 256, 256), torch.ones(2, 2, 2), _codes(2, 256, 64), torch.ones(2, 2, 1)), "w2 must be"),
+    (lambda: (_codes(2, 256, 256), torch.ones(2, 2, 3), _codes(2, 256, 128), torch.ones(2, 2, 1)),
+     r"w1_scale must be float32 \[2, 2, 2\]"),
+    (lambda: (_codes(2, 256, 256).float(), torch.ones(2, 2, 2), _codes(2, 256, 128), torch.ones(2, 2, 1)),
+     "float8_e4m3fn"),
+])
+def test_weight_errors(args, message):
+    with pytest.raises(UserError, match=message):
+        prefill_weights(*args())
+
+
+def test_validation_reaches_the_device_check_when_all_else_is_right():
+    with pytest.raises(UserError, match="CUDA device"):
+        _check()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: dict(x=p["x"].view(torch.uint8)), "x must be float8_e4m3fn"),
+    (lambda p: dict(x_scale=p["x_scale"][:, :1].contiguous()), r"x_scale must be float32 \[40, 2\]"),
+    (lambda p: dict(topk_weights=torch.ones(40, 17)), "top_k=17 must be in"),
+    (lambda p: dict(topk_weights=torch.ones(40, 3)), "the plan has 80 slots"),
+    (lambda p: dict(plan=route_plan(torch.zeros(40, 2, dtype=torch.int32), 4, 16)),
+     "the prefill path takes plans of block_m=64, got 16"),
+    (lambda p: dict(out=torch.zeros(40, 256)), r"out must be bfloat16 \[40, 256\]"),
+    (lambda p: dict(x_scale=torch.ones(40, 4)[:, ::2]), "x_scale must be contiguous"),
+])
+def test_validation_errors(change, message):
+    with pytest.raises(UserError, match=message):
+        _check(**change(_problem()))
+
+
+def test_plan_capacity_is_checked():
+    plan = _problem()["plan"]
+    short = type(plan)(plan.block_m, plan.sorted_token_ids[:64], plan.expert_ids, plan.num_tokens_post_padded,
+                       plan.num_slots)
+    with pytest.raises(UserError, match="worst case needs"):
+        _check(plan=short)
+    few = type(plan)(plan.block_m, plan.sorted_token_ids, plan.expert_ids[:1], plan.num_tokens_post_padded,
+                     plan.num_slots)
+    with pytest.raises(UserError, match="expert_ids holds 1 blocks"):
+        _check(plan=few)
+
+
+def test_more_experts_than_the_contract_is_refused():
+    E = 1025
+    w = PrefillWeights(torch.zeros(E * 256, 128, dtype=torch.uint8), torch.ones(E, 2, 1),
+                       torch.zeros(E * 128, 128, dtype=torch.uint8), torch.ones(E, 1, 1), E, 256, 128)
+    with pytest.raises(UserError, match=r"E=1025 must be in \[1, 1024\]"):
+        _check(w=w)
