@@ -18,14 +18,13 @@ moebench.results.determinism_view.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -114,44 +113,54 @@ CHILD_RESULT_TAG = "moebench-determinism-child "
 
 @dataclass(frozen=True)
 class ChildRequest:
-    """What the fresh process needs to make the same call: the fixture's spec and fingerprint
-    (it rebuilds the fixture, bitwise the same on every machine), the arm, its options, the device."""
+    """What the fresh process needs to make the same calls: the fixture's spec and fingerprint
+    (it rebuilds the fixture, bitwise the same on every machine), the arms and their options, the
+    device. One fresh process a fixture serves every arm checked on it."""
 
     family: dict  # Family fields
     spec: dict  # name, M, seed, balancedness
     fingerprint: str
-    arm: str
-    options: dict
+    arms: dict  # arm name -> its options
     external: tuple[str, ...]  # `NAME=module:factory` arms
     device: str
     interpret: bool  # TRITON_INTERPRET in this process
 
     @classmethod
-    def for_fixture(cls, fx: Fixture, arm: str, options: dict, external: tuple[str, ...] = ()) -> ChildRequest:
+    def for_fixture(cls, fx: Fixture, arms: dict, external: tuple[str, ...] = ()) -> ChildRequest:
         from moebench.kernels.triton_arms import interpreter_requested
         s = fx.spec
         return cls(asdict(s.family), {"name": s.name, "M": s.M, "seed": s.seed, "balancedness": s.balancedness},
-                   fx.fingerprint, arm, {k: v for k, v in options.items() if v is not None}, tuple(external),
-                   str(fx.device), interpreter_requested())
+                   fx.fingerprint, {a: {k: v for k, v in o.items() if v is not None} for a, o in arms.items()},
+                   tuple(external), str(fx.device), interpreter_requested())
 
 
-def cross_process_check(request: ChildRequest, hash_here: str, timeout_s: float = 900.0) -> CrossProcess:
-    """Run `python -m moebench.determinism_child` on the request; its hash against `hash_here`."""
+def cross_process_check(request: ChildRequest, hashes_here: dict[str, str],
+                        timeout_s: float = 900.0) -> dict[str, CrossProcess]:
+    """Run `python -m moebench.determinism_child` on the request; each arm's hash there against
+    `hashes_here[arm]`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this process's imports (a test's arms too)
     if request.interpret:
         env["TRITON_INTERPRET"] = "1"
+
+    def every(why: str) -> dict[str, CrossProcess]:
+        return {arm: CrossProcess(h, None, why) for arm, h in hashes_here.items()}
     try:
         proc = subprocess.run([sys.executable, "-m", "moebench.determinism_child"], input=json.dumps(asdict(request)),
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return CrossProcess(hash_here, None, f"the fresh process took more than {timeout_s:g} s")
+        return every(f"the fresh process took more than {timeout_s:g} s")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(CHILD_RESULT_TAG)]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return CrossProcess(hash_here, None, f"the fresh process failed (exit {proc.returncode}): {tail}")
+        return every(f"the fresh process failed (exit {proc.returncode}): {tail}")
     got = json.loads(lines[-1][len(CHILD_RESULT_TAG):])
-    return CrossProcess(hash_here, got.get("hash"), got.get("error"))
+    if "error" in got and "arms" not in got:
+        return every(got["error"])
+    there = got.get("arms", {})
+    return {arm: CrossProcess(h, there.get(arm, {}).get("hash"),
+                              there.get(arm, {}).get("error", None if arm in there else "no answer for this arm"))
+            for arm, h in hashes_here.items()}
 
 
 # ------------------------------------------------------------------------------ the checks
@@ -193,16 +202,17 @@ def check_batch(arm: Arm, fx: Fixture, full_output: torch.Tensor, *, rows: tuple
 
 
 def check_arm(arm: Arm, fx: Fixture, *, runs: int = DEFAULT_RUNS, rows: tuple[int, ...] = BATCH_ROWS,
-              cross_process=None, seed: int | None = None) -> DeterminismVerdict:
-    """All three checks for one arm. `cross_process(output_hash) -> CrossProcess` runs the
-    fresh process (moebench.determinism_child.cross_process_check); None skips it."""
+              seed: int | None = None) -> tuple[DeterminismVerdict, str]:
+    """The run-to-run and batch checks for one arm, and its first output's hash (for the
+    across-processes check, which check_arms runs once for every arm of a fixture)."""
     call = arm.prepare(fx)
     repeat, first = check_run_to_run(call, runs)
     identity = dict(call.identity)
     del call
     batch = check_batch(arm, fx, first, rows=rows, seed=seed)
-    cp = cross_process(output_hash(first)) if cross_process is not None else None
-    return DeterminismVerdict(arm.name, fx.spec.name, fx.M, repeat, batch, cp, ENGINE_NOTES.get(arm.name), identity)
+    verdict = DeterminismVerdict(arm.name, fx.spec.name, fx.M, repeat, batch, None, ENGINE_NOTES.get(arm.name),
+                                 identity)
+    return verdict, output_hash(first)
 
 
 def check_arms(fx: Fixture, names: list[str], *, options: dict | None = None, external: tuple[str, ...] = (),
@@ -218,13 +228,13 @@ def check_arms(fx: Fixture, names: list[str], *, options: dict | None = None, ex
         reason = arm.unavailable_reason(fx.device)
         if reason:
             raise UserError(f"arm {arm.name!r} cannot run here: {reason}")
-    verdicts = []
+    checked = [check_arm(arm, fx, runs=runs, rows=rows, seed=seed) for arm in arms]
+    if not cross_process:
+        return [v for v, _ in checked]
+    mine = {}
     for arm in arms:
-        child = None
-        if cross_process:
-            accepts = inspect.signature(factories[arm.name]).parameters
-            mine = {k: v for k, v in (options or {}).items() if k in accepts}
-            request = ChildRequest.for_fixture(fx, arm.name, mine, tuple(external))
-            child = functools.partial(cross_process_check, request, timeout_s=timeout_s)
-        verdicts.append(check_arm(arm, fx, runs=runs, rows=rows, cross_process=child, seed=seed))
-    return verdicts
+        accepts = inspect.signature(factories[arm.name]).parameters
+        mine[arm.name] = {k: v for k, v in (options or {}).items() if k in accepts}
+    there = cross_process_check(ChildRequest.for_fixture(fx, mine, tuple(external)),
+                                {v.arm: h for v, h in checked}, timeout_s=timeout_s)
+    return [replace(v, cross_process=there[v.arm]) for v, _ in checked]

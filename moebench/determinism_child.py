@@ -1,7 +1,7 @@
 """The fresh process of the across-processes check (moebench.determinism.cross_process_check).
 
 Reads a ChildRequest as JSON on stdin, rebuilds the fixture from its spec (the fingerprint must
-match), prepares the arm, runs it once and prints the output's SHA-256, tagged, on stdout.
+match), prepares each arm, runs it once and prints the outputs' SHA-256s, tagged, on stdout.
 """
 
 from __future__ import annotations
@@ -15,15 +15,22 @@ def child_hash(request: dict) -> dict:
 
     from moebench.determinism import output_hash, run_once
     from moebench.fixtures import Family, ShapeSpec, build_fixture
-    from moebench.kernels.registry import make_arms
-    from moebench.kernels.registry import external_arm_factories
+    from moebench.errors import UserError
+    from moebench.kernels.registry import external_arm_factories, make_arms
     spec = ShapeSpec(family=Family(**request["family"]), **request["spec"])
     fx = build_fixture(spec)
     if fx.fingerprint != request["fingerprint"]:
         return {"error": "the fixture is not the one its spec builds (a derived fixture): not rebuilt here"}
     fx = fx.to(torch.device(request["device"]))
-    arm = make_arms([request["arm"]], request["options"], extra=external_arm_factories(request["external"]))[0]
-    return {"hash": output_hash(run_once(arm.prepare(fx)))}
+    extra = external_arm_factories(request["external"])
+    out = {}
+    for name, options in request["arms"].items():
+        try:
+            arm = make_arms([name], options, extra=extra)[0]
+            out[name] = {"hash": output_hash(run_once(arm.prepare(fx)))}
+        except UserError as err:
+            out[name] = {"error": str(err)}
+    return {"arms": out}
 
 
 def main() -> int:
