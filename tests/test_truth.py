@@ -253,3 +253,34 @@ def test_compare_leaves_throttled_rounds_out_unless_kept():
     every = replace(capped, clocks=tuple(replace(c, events=("hw_slowdown",)) for c in clocks))
     with pytest.raises(UserError, match="every round of B was throttled .*--rule throttled:keep"):
         compare_results(base, every)
+
+
+# --- the ncu offset probes -------------------------------------------------------------------
+
+def test_spin_cycles_and_their_mistakes():
+    from moebench.fidelity import spin_cycles
+    assert spin_cycles(20, 1980) == 39_600 and spin_cycles(0.5, 1980) == 990
+    with pytest.raises(UserError, match="maximum SM clock"):
+        spin_cycles(2, None)
+    with pytest.raises(UserError, match="--us must be above 0"):
+        spin_cycles(0, 1980)
+
+
+def test_the_offset_table_row_from_both_tools():
+    from moebench.fidelity import ProbeResult, compare_with_ncu
+    from moebench.results.schema import Audit, KernelRecord, Sample
+    samples = tuple(Sample("_probe", "spin", 1, i, i + 1, (KernelRecord("spin_kernel(long)", 0, 20_000 + i),))
+                    for i in range(5))
+    res = ProbeResult("spin", 0, samples, Audit(5, 5, 0), "cupti", samples)
+    text = "\n".join(['"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'] +
+                     [f'"{i}","1","at::cuda::spin_kernel(long)","gpu__time_duration.sum","usecond","{v}"'
+                      for i, v in enumerate(("21.00", "21.10", "20.90"))])
+    c = compare_with_ncu(res, text)
+    assert c.kernels == 3 and c.median_ns == 21_000 and c.moebench_ns == 20_002
+    assert c.offset_ns == pytest.approx(998)
+    assert c.table_row("spin 20 µs") == "| spin 20 µs | 20.002 | 21.000 | +998 | 0.9525 |"
+
+
+def test_probe_table_row_needs_the_ncu_csv(capsys):
+    code, _, err = cli(capsys, "probe", "--op", "empty", "--table-row", "t.md")
+    assert code == 2 and "--table-row needs --ncu-csv" in err
