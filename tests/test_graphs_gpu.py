@@ -57,3 +57,20 @@ def test_real_arms_captured_replayed_and_audited(tmp_path):
     spans = {(r.settings.sampler, x.arm): x.span_median_ns for r in (graph, eager) for x in r.summaries}
     # no host between a graph's kernels: the stock path's span shrinks towards its kernels' time
     assert spans[("graph", "triton")] <= spans[("eager", "triton")]
+
+
+def test_injected_slowdown_arm_is_checked_audited_and_slower(tmp_path, monkeypatch):
+    """scripts/aa_arms.py, the A/A proof's arms: the slowed call passes parity, its extra kernel
+    is declared and audited, and it is slower than the plain call by about what it injected."""
+    from pathlib import Path
+    from moebench.plan import RunRequest
+    from moebench.runner import run
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    kw = dict(shapes=("A8",), arms=(), rounds=3, samples=10, warmup=2, measure_bandwidth=False)
+    plain, _ = run(RunRequest(**kw, external_arms=("fused=scripts.aa_arms:fused",), out_dir=str(tmp_path / "a")))
+    slow, _ = run(RunRequest(**kw, external_arms=("fused=scripts.aa_arms:fused_slow",), out_dir=str(tmp_path / "b")))
+    assert plain.audit.passed and slow.audit.passed, slow.audit.findings[:3]
+    injected = slow.arms[0].identity["injected"]
+    assert injected["target"] == 0.03 and injected["cycles"] >= 0
+    change = slow.summaries[0].median_ns / plain.summaries[0].median_ns - 1
+    assert 0.01 < change < 0.15
