@@ -10,6 +10,9 @@ builds (arms like any other) and `profile` (the untimed strategy, for ncu and ns
                     markers, the bandwidth probe; `cuda_backend` makes the real one, tests a fake
     Measurement     samples, every kernel's audit, clocks, the declared kernels, bandwidth
 
+Under `protocol.sampler == "graph"` each unit's call is captured with the flush as a CUDA graph
+and a sample is one replay (moebench.timing.graphs); the flush's kernels are taken out of it.
+
 A unit that declares no kernels is audited against the kernel set most of its samples hold
 (moebench.bench's callables); the Measurement says which were inferred.
 """
