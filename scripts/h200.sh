@@ -60,6 +60,7 @@ for s in "$@"; do case $s in
            --launch-skip 10 --launch-count 100 --metrics gpu__time_duration.sum --csv \
            python3 -m moebench probe --op add --mib 256 --samples 110 --warmup 0 --timer none --flush none > $W/logs/ncu_add.csv &&
          python3 -m moebench probe --op add --mib 256 --samples 200 --flush read --ncu-csv $W/logs/ncu_add.csv" ;;
+  truth-tests) stage truth-tests python3 -m pytest -q -m gpu tests/test_graphs_gpu.py tests/test_timing_gpu.py ;;
   ncu-offset) stage ncu-offset bash -c ncu_offset ;;
   noise) stage noise python3 -m moebench run --shape A8,A128,Q8,Q128 --aa cuda-fused --out "$R/noise" ;;
   aa-proof) stage aa-proof python3 scripts/aa_proof.py --out "$R/aa" ;;  # AA_SLOWDOWN, AA_ARM: scripts/aa_arms.py
