@@ -29,7 +29,8 @@ def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, comma
     settings = S.Settings(shapes=subjects.shapes, arms=subjects.arms, ref=subjects.ref, rounds=p.rounds,
                           samples=p.samples, warmup=p.warmup, flush=p.flush, flush_bytes=m.flush_bytes,
                           timer=m.timer, balancedness=subjects.balancedness,
-                          options={k: v for k, v in {**(options or {}), **m.timer_settings}.items() if v is not None})
+                          options={k: v for k, v in {**(options or {}), **m.timer_settings}.items() if v is not None},
+                          sampler=p.sampler)
     return S.RunResult(
         schema_version=S.SCHEMA_VERSION, provenance=provenance(command, started_at, gpu), settings=settings,
         fixtures=subjects.fixtures, arms=subjects.arm_infos, parity=subjects.parity, samples=m.samples,
@@ -49,4 +50,6 @@ def result_filename(result: S.RunResult) -> str:
         parts.append(metric.short)
     if s.flush != "read":
         parts.append(f"flush-{s.flush}")
+    if s.sampler != "eager":
+        parts.append(s.sampler)
     return re.sub(r"[^A-Za-z0-9._-]", "_", "_".join(parts)) + ".json"

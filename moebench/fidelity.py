@@ -4,7 +4,11 @@ under ncu, `--timer none` just launches it.
 
 It is one more front end of the measurement core (moebench.measure): one unit, one round.
 The workload is one torch elementwise kernel (`add`: c = a + b, fp32; `mul`: c = 2a), a
-pure streaming kernel whose cold time is what the L2 flush and the timer decide.
+pure streaming kernel whose cold time is what the L2 flush and the timer decide; or one
+kernel that only waits (`spin`: torch's spin kernel for `--us` microseconds of SM clock
+cycles at the device's maximum SM clock; `empty`: the same kernel told to wait 0 cycles), whose
+time no memory decides: timed by moebench and by ncu, they show the offset between the two
+tools as a function of the kernel's length (scripts/h200.sh stage `ncu-offset`).
 """
 
 from __future__ import annotations
@@ -24,18 +28,35 @@ OPS = {
     # op: (kernel pattern for the audit and for ncu -k regex:..., tensors read, tensors written)
     "add": (r"Functor\w*_add", 2, 1),
     "mul": ("MulFunctor", 1, 1),
+    "spin": ("spin_kernel", 0, 0),
+    "empty": ("spin_kernel", 0, 0),
 }
+WAIT_OPS = ("spin", "empty")
 TIME_UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
                  "second": 1e9, "s": 1e9}
 
 
-def probe_unit(op: str, mib: int, device: torch.device) -> tuple[Unit, DeclaredKernel, int]:
-    """The workload as a Unit, its declared kernel, and the bytes it moves."""
+def spin_cycles(us: float, sm_mhz: int | None) -> int:
+    """SM clock cycles that last `us` microseconds at `sm_mhz`."""
+    if sm_mhz is None or sm_mhz <= 0:
+        raise UserError("--op spin needs the device's maximum SM clock, which NVML did not give (see `moebench doctor`)")
+    if not 0 < us <= 100_000:
+        raise UserError(f"--us must be above 0 and at most 100000 (microseconds), got {us:g}")
+    return round(us * sm_mhz)
+
+
+def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tuple[Unit, DeclaredKernel, int]:
+    """The workload as a Unit, its declared kernel, and the bytes it moves (`cycles`: how long
+    the spin kernel waits)."""
     if op not in OPS:
         raise UserError(f"unknown probe op {op!r} (known: {', '.join(OPS)})")
     if mib < 1:
         raise UserError("--mib must be at least 1")
     pattern, reads, writes = OPS[op]
+    if op in WAIT_OPS:
+        decl = DeclaredKernel(op, pattern, 1)
+        wait = cycles if op == "spin" else 0
+        return Unit("_probe", op, lambda: torch.cuda._sleep(wait), kernels=(decl,)), decl, 0
     n = mib * 2**20 // 4
     a = torch.ones(n, dtype=torch.float32, device=device)
     c = torch.empty_like(a)
@@ -100,7 +121,7 @@ def parse_ncu_csv(text: str, metric: str = "gpu__time_duration.sum", kernel_rege
 
 
 def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int = 10, flush: str = "read",
-              timer: str = "cupti", backend=None) -> ProbeResult:
+              timer: str = "cupti", backend=None, us: float = 20.0) -> ProbeResult:
     """Time the workload like an arm: one round, `samples` cold samples, audited. Timer
     `none` only launches it."""
     from moebench.measure import MAX_SAMPLES, TimingProtocol, check_protocol, cuda_backend, measure
@@ -114,7 +135,8 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
     if not 1 <= mib <= 65536:
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
     backend = backend if backend is not None else cuda_backend(protocol)
-    unit, _, nbytes = probe_unit(op, mib, backend.device)
+    cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
+    unit, _, nbytes = probe_unit(op, mib, backend.device, cycles)
     m = measure([unit], protocol, backend)
     return ProbeResult(op, nbytes, m.samples, m.audit, m.timer, tuple(m.audited_samples))
 
@@ -124,6 +146,17 @@ class NcuComparison:
     kernels: int  # ncu's profiled kernels of the workload
     median_ns: float  # ncu's gpu__time_duration.sum, median
     ratio: float  # moebench's median / ncu's
+    moebench_ns: float = 0.0  # moebench's median
+
+    @property
+    def offset_ns(self) -> float:
+        """ncu's median minus moebench's (> 0: ncu reads longer)."""
+        return self.median_ns - self.moebench_ns
+
+    def table_row(self, what: str) -> str:
+        """One row of the offset table: | workload | moebench µs | ncu µs | ncu − moebench ns | ratio |."""
+        return (f"| {what} | {self.moebench_ns / 1e3:.3f} | {self.median_ns / 1e3:.3f} | {self.offset_ns:+.0f} | "
+                f"{self.ratio:.4f} |")
 
 
 def compare_with_ncu(res: ProbeResult, ncu_csv_text: str) -> NcuComparison:
@@ -132,4 +165,4 @@ def compare_with_ncu(res: ProbeResult, ncu_csv_text: str) -> NcuComparison:
         raise UserError("no audited samples to compare with ncu")
     ncu = parse_ncu_csv(ncu_csv_text, kernel_regex=OPS[res.op][0])
     ncu_median = float(median(ncu))
-    return NcuComparison(len(ncu), ncu_median, res.median_ns / ncu_median)
+    return NcuComparison(len(ncu), ncu_median, res.median_ns / ncu_median, res.median_ns)

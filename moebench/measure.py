@@ -10,6 +10,9 @@ builds (arms like any other) and `profile` (the untimed strategy, for ncu and ns
                     markers, the bandwidth probe; `cuda_backend` makes the real one, tests a fake
     Measurement     samples, every kernel's audit, clocks, the declared kernels, bandwidth
 
+Under `protocol.sampler == "graph"` each unit's call is captured with the flush as a CUDA graph
+and a sample is one replay (moebench.timing.graphs); the flush's kernels are taken out of it.
+
 A unit that declares no kernels is audited against the kernel set most of its samples hold
 (moebench.bench's callables); the Measurement says which were inferred.
 """
@@ -29,6 +32,7 @@ from moebench.results.schema import Audit, ClockSample, DeclaredKernel, GpuInfo,
 from moebench.timing.audit import audited
 from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Unit, run_rounds
 from moebench.timing.flush import FLUSH_MODES, L2Flush
+from moebench.timing.graphs import SAMPLERS, graph_timer, graph_units, learn_flush_kernels
 from moebench.timing.metrics import TimedMetric
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER, RUN_TIMERS, TimerStrategy
 
@@ -47,6 +51,7 @@ class TimingProtocol:
     flush: str = "read"
     timer: str = DEFAULT_TIMER
     measure_bandwidth: bool = True
+    sampler: str = "eager"  # "graph": each sample one replay of a CUDA graph of the flush and the call
 
 
 def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> None:
@@ -60,6 +65,10 @@ def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> Non
         raise UserError(f"unknown --flush {p.flush!r} (known: {', '.join(FLUSH_MODES)})")
     if p.timer not in timers:
         raise UserError(f"unknown --timer {p.timer!r} (known: {', '.join(timers)})")
+    if p.sampler not in SAMPLERS:
+        raise UserError(f"unknown sampler {p.sampler!r} (known: {', '.join(SAMPLERS)})")
+    if p.sampler == "graph" and p.timer != DEFAULT_TIMER:
+        raise UserError(f"--graph needs --timer {DEFAULT_TIMER}: an event pair around a replay would time the flush too")
 
 
 @dataclass
@@ -75,6 +84,7 @@ class TimingBackend:
     gpu: GpuInfo | None = None
     markers: Markers = field(default_factory=NoMarkers)
     probe: Callable[[], tuple[Unit, int]] | None = None  # a cold read: (unit, bytes read)
+    capture: Callable[[Callable[[], None]], Callable[[], None]] | None = None  # fn -> replay of its graph
 
 
 def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
@@ -84,6 +94,7 @@ def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
     from moebench.results.provenance import gpu_info
     from moebench.timing.clocks import ClockSampler
     from moebench.timing.engine import nvtx_markers_or_none
+    from moebench.timing.graphs import capture_cuda_graph
 
     timer = CUDA_TIMERS[protocol.timer]()  # chosen once; fails fast, before fixtures and compiles
     device = torch.device("cuda", torch.cuda.current_device())
@@ -93,7 +104,8 @@ def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
     flush = L2Flush(protocol.flush, gpu.l2_bytes, device)
     return TimingBackend(device=device, timer=timer, flush=flush, flush_bytes=flush.nbytes,
                          sync=lambda: torch.cuda.synchronize(device), clocks=clock.sample, gpu=gpu,
-                         markers=nvtx_markers_or_none(), probe=lambda: read_probe(device, gpu.l2_bytes))
+                         markers=nvtx_markers_or_none(), probe=lambda: read_probe(device, gpu.l2_bytes),
+                         capture=lambda fn: capture_cuda_graph(fn, device))
 
 
 def read_probe(device: torch.device, l2_bytes: int) -> tuple[Unit, int]:
@@ -137,8 +149,12 @@ def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBack
     recorder = timer.open(max(len(units) * protocol.samples, PROBE_SAMPLES))
     try:
         bandwidth = _read_bandwidth(backend, recorder) if protocol.measure_bandwidth else None
-        out = run_rounds(units, EngineConfig(protocol.rounds, protocol.samples, protocol.warmup), recorder, timer,
-                         flush=backend.flush, sync=backend.sync, clocks=backend.clocks, markers=backend.markers,
+        timed, flush = units, backend.flush
+        if protocol.sampler == "graph":  # the flush goes into each unit's graph, ahead of the call
+            timer = graph_timer(timer, learn_flush_kernels(backend, recorder))
+            timed, flush = graph_units(units, backend), _no_flush
+        out = run_rounds(timed, EngineConfig(protocol.rounds, protocol.samples, protocol.warmup), recorder, timer,
+                         flush=flush, sync=backend.sync, clocks=backend.clocks, markers=backend.markers,
                          on_unit_done=on_unit_done, on_round_done=on_round_done)
     finally:
         recorder.close()
@@ -148,6 +164,10 @@ def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBack
                        samples=tuple(out.samples), audit=audit, clocks=tuple(out.clocks), declared=declared,
                        inferred=inferred, read_bandwidth_bytes_per_s=bandwidth,
                        timer_settings=timer.settings(recorder, out.api_records))
+
+
+def _no_flush() -> None:
+    return None
 
 
 def _declared(units: Sequence[Unit], samples: Sequence[Sample]) -> tuple[dict[Key, tuple], frozenset[Key]]:

@@ -25,6 +25,7 @@ from moebench.kernels.arm import ArmFactory
 from moebench.kernels.registry import default_arms, external_arm_factories, load_builtin_arms
 from moebench.kernels.builds import build_arm_factories, resolve_builds
 from moebench.measure import TimingProtocol, check_protocol
+from moebench.noise import check_noise_source, copy_factory, copy_label
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 from moebench.variants import parse_variant, variant_factory
 
@@ -52,6 +53,9 @@ class RunRequest:
     variants: tuple[str, ...] = ()  # `--variant NAME=ARM:KEY=VALUE,...`
     build_host: str = "revision"  # git builds: the arm's host module at the revision, or this tree's
     max_fixture_gb: float = 16.0  # shapes whose fixture takes more host memory to build are refused
+    aa_arm: str | None = None  # `--aa ARM`: ARM and a second prepared copy ARM#2, for the noise floor
+    noise_from: str | None = None  # `--noise-from FILE`: copy the floors a noise run measured
+    sampler: str = "eager"  # `--graph`: "graph", each sample a replayed CUDA graph of flush and call
 
     @property
     def ref_arm(self) -> str:
@@ -59,11 +63,12 @@ class RunRequest:
 
     @property
     def protocol(self) -> TimingProtocol:
-        return TimingProtocol(self.rounds, self.samples, self.warmup, self.flush, self.timer, self.measure_bandwidth)
+        return TimingProtocol(self.rounds, self.samples, self.warmup, self.flush, self.timer, self.measure_bandwidth,
+                              self.sampler)
 
     @property
     def names_own_arms(self) -> bool:
-        return bool(self.arms or self.builds or self.external_arms or self.variants)
+        return bool(self.arms or self.builds or self.external_arms or self.variants or self.aa_arm)
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,14 @@ def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
         if spec.name in known:
             raise UserError(f"--variant {spec.name}: the name of an arm already (choose another)")
         factories[spec.name] = known[spec.name] = variant_factory(spec, known)
-    names = list(req.arms) + [n for n in factories if n not in req.arms]
+    arms = list(req.arms)
+    if req.aa_arm is not None:
+        if req.aa_arm not in known:
+            raise UserError(f"--aa {req.aa_arm!r}: unknown arm (known: {', '.join(sorted(known))})")
+        copy = copy_label(req.aa_arm)
+        factories[copy] = copy_factory(known[req.aa_arm], copy)
+        arms += [a for a in (req.aa_arm, copy) if a not in arms]
+    names = arms + [n for n in factories if n not in arms]
     by_build = {b.name: b.arm_name for b in builds}
     ref = by_build.get(req.ref, req.ref) if req.ref not in names else req.ref
     build_arms = tuple(b.arm_name for b in builds)
@@ -103,6 +115,8 @@ def validate(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
     if req.ref is not None and req.ref not in req.arms:
         raise UserError(f"--ref {req.ref!r} is not one of the arms ({', '.join(req.arms)})")
     check_protocol(req.protocol, timers)
+    if req.noise_from:
+        check_noise_source(req.noise_from, req.arms)
 
 
 def resolve_specs(req: RunRequest):

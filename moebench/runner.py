@@ -20,6 +20,7 @@ from moebench.assemble import assemble, result_filename
 from moebench.errors import UserError
 from moebench.kernels.registry import make_arms
 from moebench.measure import TimingBackend, cuda_backend, measure
+from moebench.noise import with_noise
 from moebench.plan import RunRequest, plan_arms, resolve_specs, validate, with_default_arms
 from moebench.prepare import RunFailed, prepare
 from moebench.results import schema as S
@@ -48,7 +49,8 @@ def run_options(req: RunRequest) -> dict:
     """The request's own settings a result stores: arm options, and `--build`, `--define`,
     `--build-arm`, `--variant` and `--arm` as given, when given."""
     given = {"builds": list(req.builds), "defines": list(req.defines), "build_arm": req.build_arm,
-             "variants": list(req.variants), "external_arms": list(req.external_arms)}
+             "variants": list(req.variants), "external_arms": list(req.external_arms), "aa": req.aa_arm,
+             "noise_from": req.noise_from}
     return {**req.arm_options, **{k: v for k, v in given.items() if v}}
 
 
@@ -72,5 +74,6 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
         m = measure(prep.units, protocol, backend)
     result = assemble(m, prep.subjects, gpu=backend.gpu, command=req.command, started_at=started_at,
                       options=run_options(req))
+    result = with_noise(result, req.aa_arm, req.noise_from)
     path = save(result, reserve_path(Path(req.out_dir) / result_filename(result)))
     return result, path

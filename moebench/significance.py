@@ -154,3 +154,12 @@ def rank_test_p(x: Sequence[float], y: Sequence[float]) -> float:
         return 1.0
     z = max(distance - 0.5, 0.0) / math.sqrt(variance)
     return min(1.0, math.erfc(z / math.sqrt(2)))
+
+
+def noise_floor(ref_rounds: Sequence[np.ndarray], arm_rounds: Sequence[np.ndarray], rng: np.random.Generator,
+                confidence: float = 0.95, resamples: int = RESAMPLES) -> float:
+    """The A/A noise floor of two copies of one arm paired by round: the largest distance from 1
+    that the paired ratio's bootstrap interval admits, max(|low - 1|, |high - 1|). It holds a
+    systematic offset between the copies and the scatter of their ratio alike."""
+    low, high = interval(bootstrap_paired_ratio(ref_rounds, arm_rounds, rng, resamples), confidence)
+    return float(max(abs(low - 1.0), abs(high - 1.0)))

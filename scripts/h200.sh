@@ -25,6 +25,25 @@ stage() {  # stage NAME CMD...: run, log, print the status and the log's tail
   tar czf "$OUT/bundle.tgz" -C "$W" logs results
 }
 
+# ncu-offset: each waiting or streaming kernel timed by ncu (untimed launches under it) and by
+# moebench, one row each of $R/ncu-offset.md (moebench probe --table-row).
+ncu_offset() {
+  local table=$R/ncu-offset.md
+  printf '%s\n' '| workload | moebench µs | ncu µs | ncu − moebench ns | moebench/ncu |' '|---|--:|--:|--:|--:|' > "$table"
+  for w in 'empty' 'spin --us 2' 'spin --us 20' 'spin --us 200' 'add --mib 24' 'add --mib 256'; do
+    set -- $w; local op=$1; shift
+    local pat='spin_kernel'; [ "$op" = add ] && pat='Functor\w*_add'
+    local csv="$W/logs/ncu-offset-$op${2:-}.csv"
+    ncu --cache-control all --clock-control none --kernel-name-base demangled -k "regex:$pat" \
+      --launch-skip 10 --launch-count 100 --metrics gpu__time_duration.sum --csv \
+      python3 -m moebench probe --op "$op" "$@" --samples 110 --warmup 0 --timer none --flush none > "$csv" || return 1
+    python3 -m moebench probe --op "$op" "$@" --samples 200 --flush read --ncu-csv "$csv" --table-row "$table" || return 1
+  done
+  cat "$table"
+}
+export -f ncu_offset
+export W R
+
 for s in "$@"; do case $s in
   env) stage env bash -c 'nvidia-smi; python3 -m moebench doctor; python3 -c "import torch,triton;print(torch.__version__,triton.__version__)"' ;;
   golden) stage golden python3 -m pytest -q tests/test_fixture_golden.py ;;
@@ -41,6 +60,13 @@ for s in "$@"; do case $s in
            --launch-skip 10 --launch-count 100 --metrics gpu__time_duration.sum --csv \
            python3 -m moebench probe --op add --mib 256 --samples 110 --warmup 0 --timer none --flush none > $W/logs/ncu_add.csv &&
          python3 -m moebench probe --op add --mib 256 --samples 200 --flush read --ncu-csv $W/logs/ncu_add.csv" ;;
+  truth-tests) stage truth-tests python3 -m pytest -q -m gpu tests/test_graphs_gpu.py tests/test_timing_gpu.py ;;
+  ncu-offset) stage ncu-offset bash -c ncu_offset ;;
+  noise) stage noise python3 -m moebench run --shape A8,A128,Q8,Q128 --aa cuda-fused --out "$R/noise" ;;
+  aa-proof) stage aa-proof python3 scripts/aa_proof.py --out "$R/aa" ;;  # AA_SLOWDOWN, AA_ARM: scripts/aa_arms.py
+  graph-eager) stage graph-eager bash -c "for g in '' --graph; do python3 -m moebench run --shape A8,A128,Q8,Q128 \
+         --arms triton,triton-swapab,cuda-gemm,cuda-swapab,cuda-fused --ref triton \$g --out $R/graph-eager || exit 1; done;
+         python3 -m moebench compare \$(ls $R/graph-eager/*.json | grep -v _graph.json | tail -1) \$(ls $R/graph-eager/*_graph.json | tail -1)" ;;
   flush) stage flush bash -c "for f in read write none; do python3 -m moebench probe --op add --mib 16 --samples 200 --flush \$f; done;
          for f in read write none; do python3 -m moebench run --shape A8,A128,Q8,Q128 --arms triton,cuda-fused --flush \$f --out $R/flush; done" ;;
   sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;

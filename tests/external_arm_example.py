@@ -66,3 +66,26 @@ def prepare_wrong_shape(fx):
 
 def prepare_nothing(fx):
     return 42
+
+
+SEEN_WEIGHTS: list[int] = []  # fx.w1.data_ptr() of every fixture prepare_jittery was given
+JITTER = __import__("random").Random(7)
+
+
+def prepare_jittery(fx):
+    """copies the oracle's output; each call takes 4 us give or take 1%"""
+    SEEN_WEIGHTS.append(fx.w1.data_ptr())
+    ref = fixture_reference(fx)
+    out = torch.empty_like(ref)
+
+    def run():
+        out.copy_(ref)
+        GPU.launch("my_moe_kernel", round(4000 * JITTER.uniform(0.99, 1.01)))
+    return run, out, ["my_moe_kernel"]
+
+
+def prepare_silent(fx):
+    """copies the oracle's output and launches nothing"""
+    ref = fixture_reference(fx)
+    out = torch.empty_like(ref)
+    return (lambda: out.copy_(ref)), out, ["my_moe_kernel"]

@@ -12,4 +12,4 @@ from moebench.timing.timers import KernelRecordTimer
 def fake_backend(gpu: FakeGpu) -> TimingBackend:
     return TimingBackend(device=torch.device("cpu"), timer=KernelRecordTimer(lambda cap: FakeTracer(gpu)),
                          flush=lambda: gpu.launch("flush_reduce", 50_000), flush_bytes=256 * 2**20,
-                         sync=lambda: None)
+                         sync=lambda: None, capture=gpu.capture)

@@ -349,7 +349,7 @@ def test_cli_rules(base, saved):
     assert code == 0, err
     code, out, err = run_cli(["compare", a, b, "--rule", "median:5%,ci:99", "--format", "json"])
     assert json.loads(out)["rules"] == {"change": 0.05, "confidence": 0.99, "alpha": 0.05, "floor": "measured",
-                                        "test": "rows"}
+                                        "test": "rows", "throttled": "drop"}
 
 
 @pytest.mark.parametrize("rule, message", [("median:abc", "is not a percentage"), ("bogus:1", "unknown key"),

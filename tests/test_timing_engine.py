@@ -2,7 +2,7 @@
 
 from timing_fakes import FakeGpu, FakeTracer, fake_kernels
 
-from moebench.results.schema import DeclaredKernel
+from moebench.results.schema import ClockSample, DeclaredKernel
 from moebench.timing.audit import audit_intervals, audit_samples
 from moebench.timing.engine import EngineConfig, Unit, run_rounds
 from moebench.timing.timers import EventTimer, KernelRecordTimer
@@ -42,11 +42,12 @@ def test_samples_order_and_kernels():
     markers = Markers()
     out = run_rounds(units(gpu), EngineConfig(rounds=3, samples=4, warmup=2), tracer, KERNEL_RECORDS,
                      flush=lambda: gpu.launch("flush_reduce", 2000), sync=lambda: syncs.append(1),
-                     clocks=lambda r: clock_rounds.append(r) or r, markers=markers,
+                     clocks=lambda r: clock_rounds.append(r) or ClockSample(r, 1980, 3201, 40, 300.0), markers=markers,
                      on_unit_done=lambda r, u, n: done.append((r, u.arm, n)))
     assert len(out.samples) == 3 * 2 * 4
     assert done == [(1, "ref", 4), (1, "fast", 4), (2, "fast", 4), (2, "ref", 4), (3, "ref", 4), (3, "fast", 4)]
-    assert len(syncs) == 3 and tracer.rounds == 3 and clock_rounds == [1, 2, 3]
+    assert len(syncs) == 3 and tracer.rounds == 3 and clock_rounds == [1, 1, 2, 2, 3, 3]  # each round's start and end
+    assert [c.round for c in out.clocks] == [1, 2, 3] and out.clocks[0].sm_mhz_start == 1980
     assert markers.depth == 0 and markers.max_depth == 3 and "round 2" in markers.names
     for s in out.samples:
         names = [k.name for k in s.kernels]

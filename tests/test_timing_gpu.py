@@ -96,6 +96,17 @@ def test_probe_single_kernel(timer):
         assert len(res.kernel_names) == 1 and "_add" in res.kernel_names[0]
 
 
+def test_spin_probes_last_about_as_long_as_asked():
+    from moebench.fidelity import run_probe
+    empty = run_probe("empty", samples=20, warmup=2)
+    spin = {us: run_probe("spin", samples=20, warmup=2, us=us) for us in (2, 20, 200)}
+    assert empty.audit.passed and all(r.audit.passed for r in spin.values())
+    assert "spin_kernel" in spin[20].kernel_names[0]
+    assert empty.median_ns < spin[2].median_ns < spin[20].median_ns < spin[200].median_ns
+    # cycles counted at the maximum SM clock: at a lower clock the wait only grows
+    assert 0.9 * 200_000 < spin[200].median_ns < 2.0 * 200_000
+
+
 def test_variant_and_profile_on_the_gpu(tmp_path):
     """A variant of the stock arm (PDL off) timed beside it in one paired run, and the stock arm
     run untimed for a profiler, on the real backend."""

@@ -60,8 +60,12 @@ class FakeGpu:
         self.ext_stack: list[int] = []
         self.batch = RecordBatch()
         self.launch_log: list[str] = []
+        self.capturing: list[tuple[str, int]] | None = None
 
     def launch(self, name: str, duration_ns: int) -> None:
+        if self.capturing is not None:  # a stream capture records the launch, runs nothing
+            self.capturing.append((name, duration_ns))
+            return
         self.corr += 1
         start = self.now + self.gap_ns
         self.now = start + duration_ns
@@ -70,6 +74,29 @@ class FakeGpu:
         if self.ext_stack:
             self.batch.externals.append(ExternalRec(self.corr, self.ext_stack[-1]))
         self.launch_log.append(name)
+
+
+    def capture(self, fn):
+        """Like a CUDA graph: `fn`'s launches recorded once; each replay is one graph launch,
+        whose kernels all carry that launch's correlation id."""
+        self.capturing = []
+        try:
+            fn()
+            nodes = tuple(self.capturing)
+        finally:
+            self.capturing = None
+
+        def replay():
+            self.corr += 1
+            self.batch.api_records += 1
+            if self.ext_stack:
+                self.batch.externals.append(ExternalRec(self.corr, self.ext_stack[-1]))
+            for name, duration_ns in nodes:
+                start = self.now + self.gap_ns // 10  # no host between a graph's kernels
+                self.now = start + duration_ns
+                self.batch.kernels.append(KernelRec(name, start, self.now, self.corr))
+                self.launch_log.append(name)
+        return replay
 
 
 class FakeTracer:

@@ -14,8 +14,11 @@ from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
 @cli.command("probe")
 @click.option("--op", type=click.Choice(sorted(OPS)), default="add", show_default=True,
-              help="add: c = a + b; mul: c = 2a (fp32, one torch elementwise kernel).")
-@click.option("--mib", type=int, default=256, show_default=True, help="Size of each tensor.")
+              help="add: c = a + b; mul: c = 2a (fp32, one torch elementwise kernel); spin: a kernel that waits "
+                   "--us microseconds of SM cycles; empty: the same kernel waiting 0 cycles.")
+@click.option("--mib", type=int, default=256, show_default=True, help="Size of each tensor (add, mul).")
+@click.option("--us", type=float, default=20.0, show_default=True,
+              help="spin: how long the kernel waits, in µs at the maximum SM clock.")
 @click.option("--samples", type=int, default=100, show_default=True)
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True)
@@ -23,11 +26,16 @@ from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
               help="none: only launch (for ncu/nsys to measure).")
 @click.option("--ncu-csv", type=click.Path(dir_okay=False, exists=True), default=None,
               help="ncu --csv output of the same workload: print its median and the difference.")
-def probe(op, mib, samples, warmup, flush, timer, ncu_csv):
+@click.option("--table-row", "table_row", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="With --ncu-csv: append the comparison to FILE as a Markdown table row.")
+def probe(op, mib, us, samples, warmup, flush, timer, ncu_csv, table_row):
     """Time one kernel exactly as `moebench run` times an arm (cold L2, audited)."""
-    res = run_probe(op, mib, samples, warmup, flush, timer)
+    if table_row and not ncu_csv:
+        raise click.UsageError("--table-row needs --ncu-csv")
+    res = run_probe(op, mib, samples, warmup, flush, timer, us=us)
+    what = {"spin": f"spin {us:g} µs", "empty": "empty kernel"}.get(op, f"{op} {mib} MiB")
     if not res.timed:
-        click.echo(f"launched {op} ({mib} MiB per tensor) {samples + warmup} times, flush {flush}, untimed")
+        click.echo(f"launched {what} {samples + warmup} times, flush {flush}, untimed")
         return
     med = res.median_ns
     a = res.audit
@@ -35,12 +43,16 @@ def probe(op, mib, samples, warmup, flush, timer, ncu_csv):
         click.echo(f"moebench: error: audit failed: no sample of {op} passed ({a.samples_passed}/{a.samples_total})",
                    err=True)
         raise click.exceptions.Exit(1)
-    click.echo(f"{op}: median {med / 1e3:.3f} us over {len(res.samples)} samples ({timer}, flush {flush}); "
-               f"{res.bytes_moved / (med * 1e-9) / 1e12:.2f} TB/s; audit {a.samples_passed}/{a.samples_total}")
+    rate = f"{res.bytes_moved / (med * 1e-9) / 1e12:.2f} TB/s; " if res.bytes_moved else ""
+    click.echo(f"{what}: median {med / 1e3:.3f} us over {len(res.samples)} samples ({timer}, flush {flush}); "
+               f"{rate}audit {a.samples_passed}/{a.samples_total}")
     click.echo(f"kernels: {', '.join(res.kernel_names) or '(not visible to this timer)'}")
     if ncu_csv:
         c = compare_with_ncu(res, Path(ncu_csv).read_text())
         click.echo(f"ncu gpu__time_duration.sum: median {c.median_ns / 1e3:.3f} us over {c.kernels} kernels; "
-                   f"moebench/ncu = {c.ratio:.4f} ({100 * (c.ratio - 1):+.2f}%)")
+                   f"moebench/ncu = {c.ratio:.4f} ({100 * (c.ratio - 1):+.2f}%), ncu - moebench = {c.offset_ns:+.0f} ns")
+        if table_row:
+            with open(table_row, "a", encoding="utf-8") as f:
+                f.write(c.table_row(what) + "\n")
     if not a.passed:
         raise click.exceptions.Exit(1)

@@ -73,6 +73,14 @@ def _progress(console: Console, total: int):
               help="L2 flush before each sample: read (cold, clean), write (cold, dirty), none.")
 @click.option("--timer", type=click.Choice(RUN_TIMERS), default=DEFAULT_TIMER, show_default=True,
               help="CUPTI kernel records, or CUDA events (labelled so in the result).")
+@click.option("--graph", is_flag=True,
+              help="Each sample one replay of a CUDA graph of the flush and the call (the decode path: no host "
+                   "gaps between kernels); kernels still from CUPTI, audited.")
+@click.option("--aa", "aa_arm", default=None, metavar="ARM",
+              help="A/A noise floor: time ARM beside ARM#2, a second copy prepared on separately allocated "
+                   "inputs; the result records the floor per shape, and compare widens its SAME band to it.")
+@click.option("--noise-from", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Copy the noise floors a `--aa` run measured into this result (arms and shapes in common).")
 @triton_config_option
 @pdl_option
 @max_fixture_gb_option
@@ -80,7 +88,7 @@ def _progress(console: Console, total: int):
               help="Folder the RunResult JSON is written to.")
 def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants, external_arms,
                 ref, rounds,
-                samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb, out_dir):
+                samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl, max_fixture_gb, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
@@ -90,7 +98,8 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                      arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds), build_arm=build_arm,
                      build_host=build_host,
                      defines=tuple(defines), variants=tuple(variants), external_arms=tuple(external_arms),
-                     max_fixture_gb=max_fixture_gb)
+                     max_fixture_gb=max_fixture_gb, aa_arm=aa_arm, noise_from=noise_from,
+                     sampler="graph" if graph else "eager")
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))

@@ -134,7 +134,7 @@ def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
         if fa is not None and fb is not None and fa.fingerprint != fb.fingerprint:
             raise UserError(f"{a_label} and {b_label} timed different inputs at {shape}: fixture "
                             f"fingerprints {fa.fingerprint[:12]}… and {fb.fingerprint[:12]}… differ")
-    ua, ub = _units(a, a_label), _units(b, b_label)
+    ua, ub = _units(a, a_label, rules), _units(b, b_label, rules)
     arms, ratios = [], []
     for shape in shapes:
         for arm in a.settings.arms:
@@ -161,8 +161,20 @@ def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
 Units = dict[tuple[str, str], dict[int, np.ndarray]]
 
 
-def _units(result: RunResult, label: str) -> Units:
-    units = sig.rounds_of(sig.audited_samples(result))
+def throttled_rounds(result: RunResult) -> dict[int, str]:
+    """Round -> why its clocks did not hold, for the rounds the run flagged."""
+    return {c.round: c.throttled for c in result.clocks if c.throttled}
+
+
+def _units(result: RunResult, label: str, rules: Rules) -> Units:
+    samples = sig.audited_samples(result)
+    if rules.throttled == "drop":
+        flagged = throttled_rounds(result)
+        samples = [s for s in samples if s.round not in flagged]
+        if flagged and not samples:
+            raise UserError(f"every round of {label} was throttled ({next(iter(flagged.values()))}); "
+                            "judge it anyway with --rule throttled:keep")
+    units = sig.rounds_of(samples)
     for (shape, arm), by_round in units.items():
         if any((v <= 0).any() for v in by_round.values()):
             raise UserError(f"{arm} at {shape} in {label}: a sample of 0 ns or less is not a time "
@@ -234,7 +246,7 @@ def _identity_changes(ia: ResultIndex, ib: ResultIndex, shape: str, arm: str) ->
     return tuple(k for k in keys if xa.identity.get(k) != xb.identity.get(k))
 
 
-SETTINGS_TO_MATCH = ("timer", "flush", "flush_bytes", "rounds", "samples", "warmup", "balancedness", "ref")
+SETTINGS_TO_MATCH = ("timer", "sampler", "flush", "flush_bytes", "rounds", "samples", "warmup", "balancedness", "ref")
 
 
 def _notes(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, rules: Rules,
@@ -262,6 +274,11 @@ def _notes(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, rules: Rules,
     if rules.floor == "measured" and not ia.result.noise and not ib.result.noise:
         notes.append(f"neither run carries a measured noise floor: the SAME band is the rule's ±{rules.change:.1%}")
     for name, result in ((a_label, ia.result), (b_label, ib.result)):
+        flagged = throttled_rounds(result)
+        if flagged:
+            what = "left out of every statistic here" if rules.throttled == "drop" else "kept (throttled:keep)"
+            notes.append(f"{name}: round{'s' if len(flagged) > 1 else ''} {', '.join(map(str, flagged))} "
+                         f"throttled ({'; '.join(sorted(set(flagged.values())))}): {what}")
         if not result.audit.passed:
             rejected = result.audit.samples_total - result.audit.samples_passed
             notes.append(f"{name}: audit failed ({result.audit.samples_passed}/{result.audit.samples_total} "

@@ -38,7 +38,8 @@ def method_sentence(s: Settings) -> str:
     flush = FLUSH_WORDS.get(s.flush, lambda s: f"flush policy {s.flush!r}")(s)
     timer = timed_metric(s.timer).method
     order = ", ".join(f"`{a}`" for a in s.arms)
-    return (f"Each sample is one call with {flush} before it, {timer}; {s.rounds} rounds × "
+    call = "one call" if s.sampler == "eager" else "one replay of a CUDA graph of the flush and the call"
+    return (f"Each sample is {call} with {flush} before it, {timer}; {s.rounds} rounds × "
             f"{s.samples} samples per arm ({s.warmup} warm-up{'' if s.warmup == 1 else 's'} each), odd rounds in the order "
             f"{order} and even rounds reversed; a row is a round's median, an arm's time the "
             f"median of its rows, a ratio the median over rounds of `{s.ref}` row / arm row "
@@ -169,7 +170,8 @@ def _provenance(ix: ResultIndex) -> str:
         ("moebench", f"{prov.tool_version}, Python {prov.python}"),
         ("libraries", ", ".join(f"{k} {v}" for k, v in sorted(prov.libraries.items())) or "—"),
         ("host, time", f"{prov.hostname}, {prov.started_at} – {prov.finished_at}"),
-        ("timer, flush", f"{res.settings.timer}, {res.settings.flush} ({mib(res.settings.flush_bytes)})"),
+        ("timer, flush, sampler", f"{res.settings.timer}, {res.settings.flush} ({mib(res.settings.flush_bytes)}), "
+                                  f"{res.settings.sampler}"),
         ("audit", f"{res.audit.samples_passed}/{res.audit.samples_total} samples passed, "
                   f"{res.audit.dropped_records} dropped records, {len(res.audit.findings)} findings"),
     ]

@@ -17,6 +17,11 @@ Format history:
     RunResult.determinism (`verify --determinism --out`): per arm and shape, run-to-run, batch
     invariance and across-processes verdicts (moebench.results.determinism_records); a file of
     verdicts alone has no samples and timer "none".
+    Settings.sampler (later, "eager" in older files): "graph" when each sample was one replay of
+    a CUDA graph of the flush and the call (`--graph`).
+    ClockSample.sm_mhz_start and .events (later, None and () in older files): the SM clock at the
+    round's start, and the NVML clock-event reasons seen at its start or end; a round whose clock
+    moved or that was power- or thermally capped is `throttled`.
 
 These records are the types of every stage that makes them, not copies: the fixtures' Floors,
 the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
@@ -144,6 +149,7 @@ class Settings:
     timer: str  # "cupti" | "events"
     balancedness: float
     options: dict[str, Any] = field(default_factory=dict)  # e.g. triton_config path
+    sampler: str = "eager"  # "eager": launched call by call; "graph": one CUDA graph replay per sample
 
 
 @dataclass(frozen=True)
@@ -232,13 +238,31 @@ class BuildParity:
     mismatched: int  # output elements whose bits differ
 
 
+CLOCK_MOVE_TOLERANCE = 0.03  # an SM clock that moved more than this within a round flags it
+
+
 @dataclass(frozen=True)
 class ClockSample:
+    """NVML's view of one round: clocks, temperature and power at its end, the SM clock at
+    its start, and the clock-event reasons (throttling) seen at either end."""
+
     round: int
     sm_mhz: int | None
     mem_mhz: int | None
     temperature_c: int | None
     power_w: float | None
+    sm_mhz_start: int | None = None
+    events: tuple[str, ...] = ()  # e.g. "sw_power_cap", "hw_slowdown", "sw_thermal" (idle not counted)
+
+    @property
+    def throttled(self) -> str | None:
+        """Why the round's clocks cannot be trusted to have held, or None."""
+        if self.events:
+            return "clock events " + ", ".join(self.events)
+        a, b = self.sm_mhz_start, self.sm_mhz
+        if a and b and abs(b - a) > CLOCK_MOVE_TOLERANCE * max(a, b):
+            return f"SM clock moved {a} → {b} MHz within the round"
+        return None
 
 
 @dataclass(frozen=True)

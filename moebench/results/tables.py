@@ -18,7 +18,22 @@ def timer_label(result: RunResult) -> str:
     """How the times were taken, as the tables state it."""
     s = result.settings
     return f"timer: {timed_metric(s.timer).source} · flush: {s.flush} ({s.flush_bytes / 2**20:,.0f} MiB) · " \
+           f"sampler: {SAMPLER_WORDS.get(s.sampler, s.sampler)} · " \
            f"{s.rounds} rounds × {s.samples} samples (+{s.warmup} warm-up)"
+
+
+def throttle_lines(result: RunResult) -> list[str]:
+    """One line per round whose clocks did not hold (ClockSample.throttled)."""
+    return [f"round {c.round} throttled: {c.throttled} (compare leaves it out)" for c in result.clocks if c.throttled]
+
+
+SAMPLER_WORDS = {"eager": "eager launches", "graph": "CUDA graph replays"}
+
+
+def noise_lines(result: RunResult) -> list[str]:
+    """The noise floors the result carries, one line per shape."""
+    return [f"noise floor (A/A) {shape}: " + ", ".join(f"{arm} ±{f:.2%}" for arm, f in arms.items())
+            for shape, arms in result.noise.items()]
 
 
 def audit_line(result: RunResult) -> str:
@@ -159,6 +174,10 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     for table in (kernel_table(kernel_summaries(result)) if kernels else None, referee_table(referee_checks(result))):
         if table is not None:
             console.print(table)
+    for line in noise_lines(result):
+        console.print(line, highlight=False)
+    for line in throttle_lines(result):
+        console.print(f"[yellow]{line}[/]", highlight=False)
     style = "green" if result.audit.passed else "bold red"
     console.print(f"[{style}]{audit_line(result)}[/]")
     for line in findings_lines(result):

@@ -33,6 +33,7 @@ class Verdict(str, enum.Enum):
 
 
 FLOOR_POLICIES = ("measured", "ignore", "require")
+THROTTLE_POLICIES = ("drop", "keep")
 TEST_UNITS = ("rows", "samples")
 
 RULES_HELP = (
@@ -42,7 +43,8 @@ RULES_HELP = (
     "p:0.05 (level of the rank test a change must pass); "
     "floor:measured|ignore|require (a measured noise floor in a run widens the band "
     "to it; ignore it; or refuse runs without one); "
-    "test:rows|samples (what the rank test ranks: round medians, or every audited sample).")
+    "test:rows|samples (what the rank test ranks: round medians, or every audited sample); "
+    "throttled:drop|keep (rounds whose clocks moved or were capped are left out, or kept).")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Rules:
     alpha: float = 0.05  # p: a change must also pass the rank test at this level
     floor: str = "measured"  # floor: what a measured noise floor does
     test: str = "rows"  # test: the rank test's units
+    throttled: str = "drop"  # throttled: rounds a run flagged as throttled (ClockSample.throttled)
 
     def __post_init__(self):
         if not 0 < self.change < 1:
@@ -64,10 +67,12 @@ class Rules:
             raise UserError(f"rule floor: {self.floor!r} is not one of {', '.join(FLOOR_POLICIES)}")
         if self.test not in TEST_UNITS:
             raise UserError(f"rule test: {self.test!r} is not one of {', '.join(TEST_UNITS)}")
+        if self.throttled not in THROTTLE_POLICIES:
+            raise UserError(f"rule throttled: {self.throttled!r} is not one of {', '.join(THROTTLE_POLICIES)}")
 
     def describe(self) -> str:
         return (f"median:{100 * self.change:g}% ci:{100 * self.confidence:g} p:{self.alpha:g} "
-                f"floor:{self.floor} test:{self.test}")
+                f"floor:{self.floor} test:{self.test} throttled:{self.throttled}")
 
     @property
     def ci_name(self) -> str:
@@ -109,6 +114,7 @@ PARSERS = {
     "p": ("alpha", _level),
     "floor": ("floor", str.strip),
     "test": ("test", str.strip),
+    "throttled": ("throttled", str.strip),
 }
 
 

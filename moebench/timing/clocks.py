@@ -1,4 +1,9 @@
-"""SM and memory clocks, temperature and power through NVML, once per round.
+"""SM and memory clocks, temperature, power and throttling through NVML, per round.
+
+The engine samples at a round's start and at its end (`over_round` joins the two): the SM
+clock at both ends, and NVML's clock-event reasons (the GPU capping its clocks for power or
+heat) at both. A round whose SM clock moved or that saw such an event is `throttled`
+(ClockSample.throttled), and compare leaves it out of its verdicts unless asked to keep it.
 
 Degrades to None fields (never an error) when NVML or a query is unavailable: clocks are
 provenance, not the measurement.
@@ -6,7 +11,34 @@ provenance, not the measurement.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from moebench.results.schema import ClockSample
+
+# NVML's clocks-event (throttle) reason bits that mean the clocks were held down. Left out:
+# 0x1 GPU idle (every sample after a sync), 0x2 application clocks setting and 0x100 display
+# clock setting (configuration, not an event).
+CLOCK_EVENTS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
+
+
+def event_names(mask: int | None) -> tuple[str, ...]:
+    """The clock events set in an NVML reasons bitmask, in bit order."""
+    if not mask:
+        return ()
+    return tuple(name for bit, name in sorted(CLOCK_EVENTS.items()) if mask & bit)
+
+
+def over_round(start: ClockSample, end: ClockSample) -> ClockSample:
+    """The round's record: `end`'s readings, `start`'s SM clock, the events seen at either."""
+    events = tuple(n for n in CLOCK_EVENTS.values() if n in start.events or n in end.events)
+    return replace(end, sm_mhz_start=start.sm_mhz, events=events)
 
 
 class ClockSampler:
@@ -40,12 +72,15 @@ class ClockSampler:
             return ClockSample(round_, None, None, None, None)
         nv = self._nvml
         power_mw = self._query(nv.nvmlDeviceGetPowerUsage)
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         return ClockSample(
             round=round_,
             sm_mhz=self._query(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
             mem_mhz=self._query(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
             temperature_c=self._query(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
             power_w=None if power_mw is None else power_mw / 1000.0,
+            events=event_names(self._query(reasons) if reasons else None),
         )
 
     def max_clocks_mhz(self) -> tuple[int | None, int | None]:

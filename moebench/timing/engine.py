@@ -3,8 +3,8 @@
 Per round, for each shape, for each arm in the round's order:
     warm-ups:  reset(); flush(); run()                                 (untimed)
     samples:   reset(); flush(); timer.begin(id); run(); timer.end(id)
-then one device sync, `recorder.collect()` (CUPTI records or event times), one clock
-sample, and the timer strategy (timers.py) builds the round's samples from the records. Nothing in a sample syncs
+then one device sync, `recorder.collect()` (CUPTI records or event times), the clocks of
+the round (sampled at its start and its end: moebench.timing.clocks), and the timer strategy (timers.py) builds the round's samples from the records. Nothing in a sample syncs
 or allocates beyond a few Python objects; the flush and reset run before the external id
 is pushed, so their kernels are never part of a sample.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from moebench.results.schema import ClockSample, DeclaredKernel, Sample
+from moebench.timing.clocks import over_round
 from moebench.timing.records import TaggedKernel
 from moebench.timing.schedule import round_order
 from moebench.timing.timers import Recorder, TimerStrategy
@@ -115,6 +116,7 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, 
     n_samples, n_warmup = config.samples, config.warmup
     for r in range(1, config.rounds + 1):
         visits: list[tuple[int, Unit, int]] = []  # (external id, unit, index)
+        start_clocks = clocks(r) if clocks is not None else None
         markers.push(f"round {r}")
         for shape_units in shapes.values():
             for u in round_order(shape_units, r):
@@ -141,7 +143,7 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, 
         sync()
         batch = recorder.collect()
         if clocks is not None:
-            out.clocks.append(clocks(r))
+            out.clocks.append(over_round(start_clocks, clocks(r)))
         records = timer.round_records(r, visits, batch)
         out.dropped_by_round[r] = batch.dropped
         out.api_records += batch.api_records
