@@ -34,7 +34,7 @@ import torch
 
 from moebench.atomic_write import atomic_write
 from moebench.errors import UserError
-from moebench.measure import cuda_backend
+from moebench.measure import TimingBackend, cuda_backend
 from moebench.plan import RunRequest, plan_arms, validate, with_default_arms
 from moebench.prepare import RunFailed
 from moebench.results import schema as S
@@ -62,8 +62,10 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
 
 
-class Stopped(Exception):
-    """A signal stopped this rank (torchrun sends SIGTERM to the others when one fails)."""
+class Stopped(BaseException):
+    """A signal stopped this rank (torchrun sends SIGTERM to the others when one fails). Like
+    KeyboardInterrupt, not an Exception: code that wraps the errors it catches (the Triton
+    interpreter does) lets it through."""
 
 
 @dataclass(frozen=True)
@@ -73,17 +75,24 @@ class SweepOutcome:
 
 
 def sharded_sweep(req: RunRequest, *, dry_run: bool = False, resume: str | None = None,
+                  backend: TimingBackend | None = None,
                   log: Callable[[str], None] = lambda m: None) -> SweepOutcome | None:
     """This rank's part of a sharded sweep; on rank 0 the merged result and where it was
     saved, None on the others. `resume`: a sharded sweep's file, whose missing cells are run
-    (with the file's own request) and merged into it."""
+    (with the file's own request) and merged into it. `backend`: the device to time on
+    (default: this rank's GPU, cuda:LOCAL_RANK)."""
     world = World.from_env()
     base = _resumable(resume) if resume else None
     if base is not None:
         req = replace(request_from_plain(base.sharding.request), command=req.command)
         dry_run = base.sharding.dry_run
-    device = _device(world, dry_run)
-    backend = None if dry_run else cuda_backend(req.protocol)
+    if dry_run:
+        device, backend = _device(world, dry_run), None
+    elif backend is not None:
+        device = backend.device
+    else:
+        device = _device(world, dry_run)
+        backend = cuda_backend(req.protocol)
     req = with_default_arms(req, device, log)
     req, plan = plan_arms(req)
     validate(req)
@@ -91,14 +100,14 @@ def sharded_sweep(req: RunRequest, *, dry_run: bool = False, resume: str | None 
     todo = tuple(c.shape for c in base.sharding.missing) if base is not None else req.shapes
     cells = sweep_cells(replace(req, shapes=todo))
     given = assign(cells, world.world_size)
-    where = Placement(world.rank, device, backend)
+    where = Placement(world.rank, device, backend, world.world_size)
 
     with _process_group(world), _stop_on_signal() as signals:
         path, started_at = _shared_names(world, req, resume, dry_run)
         folder = cells_folder(path)
         folder.mkdir(parents=True, exist_ok=True)
         _write_rank_file(folder, where, given[world.rank])
-        done, failed, stopped = _run_cells(req, plan, given[world.rank], where, folder, log)
+        done, failed, stopped = _run_cells(req, plan, given[world.rank], where, folder, signals, log)
         if world.rank != 0:
             try:
                 if stopped is None:
@@ -202,7 +211,7 @@ def _write_rank_file(folder: Path, where: Placement, cells: list[Cell]) -> None:
     atomic_write(folder / f"rank-{where.rank}.json", json.dumps(info).encode())
 
 
-def _run_cells(req, plan, cells: list[Cell], where: Placement, folder: Path, log):
+def _run_cells(req, plan, cells: list[Cell], where: Placement, folder: Path, signals: _Signals, log):
     """This rank's cells in order, each saved as soon as it finishes. A parity failure fails
     that cell only; a signal stops the rank (returned, with the cells finished before it)."""
     done, failed, stopped = [], [], None
@@ -218,6 +227,10 @@ def _run_cells(req, plan, cells: list[Cell], where: Placement, folder: Path, log
             done.append(result)
     except (Stopped, KeyboardInterrupt) as err:
         stopped = err
+    except Exception:
+        if signals.received is None:
+            raise
+        stopped = Stopped(signals.received)  # the signal's exception, wrapped by code it went through
     return done, failed, stopped
 
 
@@ -301,9 +314,11 @@ def launch(gpus: str, argv: list[str], *, dry_run: bool) -> int:
 
 
 def launch_command(nproc: int, argv: list[str]) -> list[str]:
-    """The torchrun command line of `moebench ARGV`, with --gpus taken out."""
+    """The torchrun command line of `moebench ARGV`, with --gpus taken out and --m spelled
+    --ms (torchrun's parser reads `--m` anywhere as an ambiguous prefix of its own options)."""
+    args = [re.sub(r"^--m(?==|$)", "--ms", a) for a in without_option(argv, "--gpus")]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "moebench", *without_option(argv, "--gpus")]
+            "-m", "moebench", *args]
 
 
 def without_option(argv: list[str], name: str) -> list[str]:

@@ -79,6 +79,7 @@ class Placement:
     rank: int
     device: torch.device
     backend: TimingBackend | None  # None: a dry run (nothing timed)
+    world_size: int = 1
     host: str = dataclasses.field(default_factory=socket.gethostname)
 
 
@@ -99,7 +100,7 @@ def run_cell(req: RunRequest, plan: ArmPlan, cell: Cell, where: Placement, *,
     info = S.CellInfo(cell.shape, where.rank, where.host, str(where.device), gpu.name if gpu else None,
                       gpu.uuid if gpu else None, m.read_bandwidth_bytes_per_s, cell.cost, started_at, utc_now(),
                       clocks=m.clocks, options=dict(result.settings.options))
-    return replace(result, sharding=S.Sharding(1, "none", where.backend is None, {}, cells=(info,)))
+    return replace(result, sharding=S.Sharding(where.world_size, "none", where.backend is None, {}, cells=(info,)))
 
 
 def _unmeasured(req: RunRequest) -> Measurement:

@@ -23,7 +23,8 @@ RUN_OPTIONS = [p for p in run_command.params if p.name not in ("shapes", "resume
 
 @cli.command("sweep", params=[
     click.Option(["--family"], default=None, help="Family letter, e.g. A or Q."),
-    click.Option(["--m", "ms"], default=None, metavar="M[,M...]", help="Token counts, e.g. 1,2,4,8,16."),
+    click.Option(["--m", "--ms", "ms"], default=None, metavar="M[,M...]",
+                 help="Token counts, e.g. 1,2,4,8,16 (--ms under torchrun, whose parser takes --m for its own)."),
     click.Option(["--gpus"], default=None, metavar="I[,I...]",
                  help="Shard the sweep's cells across these GPUs: starts torchrun with one rank per GPU."),
     click.Option(["--dry-run"], is_flag=True,
