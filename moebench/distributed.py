@@ -82,7 +82,7 @@ def sharded_sweep(req: RunRequest, *, dry_run: bool = False, resume: str | None 
     (with the file's own request) and merged into it. `backend`: the device to time on
     (default: this rank's GPU, cuda:LOCAL_RANK)."""
     world = World.from_env()
-    base = _resumable(resume) if resume else None
+    base = resumable(resume) if resume else None
     if base is not None:
         req = replace(request_from_plain(base.sharding.request), command=req.command)
         dry_run = base.sharding.dry_run
@@ -141,7 +141,7 @@ def sharded_sweep(req: RunRequest, *, dry_run: bool = False, resume: str | None 
         return SweepOutcome(result, path)
 
 
-def _resumable(path: str) -> S.RunResult:
+def resumable(path: str) -> S.RunResult:
     base = load(path)
     if base.sharding is None:
         raise UserError(f"{path}: not a sharded sweep's result (nothing to resume)")

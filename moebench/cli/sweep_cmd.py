@@ -48,6 +48,8 @@ def sweep(ctx, family, ms, gpus, dry_run, resume, **run_options):
         raise UserError("sweep needs --family and --m (or --resume FILE)")
     shapes = (",".join(sweep_shapes(family, ms)),) if not resume else ()
     if gpus is not None:
+        if resume:
+            dry_run = distributed.resumable(resume).sharding.dry_run
         raise click.exceptions.Exit(distributed.launch(gpus, argv, dry_run=dry_run))
     if not (dry_run or resume or distributed.launched_by_torchrun()):
         return ctx.invoke(run_command, shapes=shapes, **run_options)
