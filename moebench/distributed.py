@@ -59,7 +59,8 @@ class World:
 
 
 def launched_by_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
+    """torchrun (or a launcher like it) set this process's rank and world."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 class Stopped(BaseException):
@@ -265,8 +266,8 @@ def _gather(world: World, payload: dict) -> dict[int, tuple[list, list]]:
     dist.gather_object(payload, out, dst=0)
     if world.rank != 0:
         return {}
-    return {r: ([S.from_plain(S.RunResult, d) for d in p["done"]], [S.from_plain(S.MissingCell, c) for c in p["failed"]])
-            for r, p in enumerate(out) if r != 0}
+    return {r: ([S.from_plain(S.RunResult, d) for d in p["done"]],
+                [S.from_plain(S.MissingCell, c) for c in p["failed"]]) for r, p in enumerate(out) if r != 0}
 
 
 def _with_saved_cells(reports: dict, folder: Path, given: dict[int, list[Cell]]) -> dict[str, S.RunResult]:
