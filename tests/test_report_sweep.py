@@ -63,7 +63,7 @@ def test_sweep_runs_the_grid_as_one_result(fake_run, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "--family", "A", "--m", "1,x", "--arms", "triton"], "--m: expected positive token counts"),
-    (["sweep", "--m", "1,2", "--arms", "triton"], "Missing option '--family'"),
+    (["sweep", "--m", "1,2", "--arms", "triton"], "sweep needs --family and --m"),
 ])
 def test_sweep_errors_are_one_line(fake_run, argv, message):
     code, out, err = run_cli(argv)

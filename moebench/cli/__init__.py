@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     from moebench.cli import commands  # noqa: F401  (registers the subcommands)
 
     try:
-        code = cli.main(args=argv, prog_name="moebench", standalone_mode=False)
+        args = list(sys.argv[1:] if argv is None else argv)
+        code = cli.main(args=args, prog_name="moebench", standalone_mode=False, obj={"argv": args})
     except click.exceptions.Abort:
         print("moebench: aborted", file=sys.stderr)
         sys.exit(130)

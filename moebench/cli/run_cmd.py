@@ -91,15 +91,9 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                 samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl, max_fixture_gb, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
-    req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
-                     arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,
-                     warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
-                     shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
-                     arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds), build_arm=build_arm,
-                     build_host=build_host,
-                     defines=tuple(defines), variants=tuple(variants), external_arms=tuple(external_arms),
-                     max_fixture_gb=max_fixture_gb, aa_arm=aa_arm, noise_from=noise_from,
-                     sampler="graph" if graph else "eager")
+    req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
+                      external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
+                      out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from)
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))
@@ -114,3 +108,18 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                    f"{f', {a.dropped_records} records dropped' if a.dropped_records else ''}; first findings: "
                    + " | ".join(findings_lines(result, 3)), err=True)
         raise click.exceptions.Exit(1)
+
+
+def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
+                external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
+                out_dir, graph: bool = False, **more) -> RunRequest:
+    """The RunRequest of `moebench run`'s options (also `sweep`'s); `more`: further RunRequest
+    fields (the A/A arm, a noise file, the sampler)."""
+    return RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
+                      arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,
+                      warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
+                      shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
+                      arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds),
+                      build_arm=build_arm, build_host=build_host, defines=tuple(defines), variants=tuple(variants),
+                      external_arms=tuple(external_arms), max_fixture_gb=max_fixture_gb,
+                      sampler="graph" if graph else "eager", **more)

@@ -10,7 +10,9 @@ Format history:
     intervals; equal to gpu_sum in every file written before PDL arms, whose kernels never
     overlap); RunResult.statistics_over: "audited samples" (summaries and ratios taken over the
     samples the audit passed), read as "all samples" for older files, whose statistics took
-    every sample.
+    every sample; RunResult.sharding (a sweep whose cells, one shape and its arm set each,
+    ran on the ranks of torch.distributed: each cell's rank, host, device and read bandwidth,
+    and the cells not finished), None for every other run.
     RunResult.noise (later, defaulted to none): a measured noise floor per shape and arm, the
     relative change that identical code shows between two prepared copies of itself.
     ParityInfo.ref_max_abs (None in older files).
@@ -319,6 +321,44 @@ class RatioSummary:
 
 
 @dataclass(frozen=True)
+class CellInfo:
+    """One cell of a sharded sweep: one shape and the run's arm set, prepared, checked and
+    timed in its own paired rounds on one device. Its ratios never mix devices."""
+
+    shape: str
+    rank: int
+    host: str
+    device: str  # as the rank saw it: "cuda:0" (its LOCAL_RANK) or "cpu"
+    gpu_name: str | None
+    gpu_uuid: str | None
+    read_bandwidth_bytes_per_s: float | None  # measured on this cell's device before its rounds
+    cost_estimate: float  # what the sharding balanced (moebench.sweep_cells.cell_cost)
+    started_at: str
+    finished_at: str
+    clocks: tuple[ClockSample, ...] = ()  # this cell's rounds
+    options: dict[str, Any] = field(default_factory=dict)  # the cell's own timer settings
+
+
+@dataclass(frozen=True)
+class MissingCell:
+    """A cell of a sharded sweep with no result in the file: `sweep --resume` runs it."""
+
+    shape: str
+    rank: int  # the rank it was given to
+    reason: str
+
+
+@dataclass(frozen=True)
+class Sharding:
+    world_size: int
+    dist_backend: str  # the torch.distributed backend the ranks gathered through ("gloo"), or "none"
+    dry_run: bool  # fixtures, route plans and oracle checks only: no samples
+    request: dict[str, Any]  # the sweep's RunRequest as plain data, for `sweep --resume`
+    cells: tuple[CellInfo, ...] = ()  # finished, in the sweep's shape order
+    missing: tuple[MissingCell, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunResult:
     schema_version: int
     provenance: Provenance
@@ -338,6 +378,7 @@ class RunResult:
     # (a fraction); `compare` widens its SAME band to it. Empty where the run measured none.
     noise: dict[str, dict[str, float]] = field(default_factory=dict)
     determinism: tuple[DeterminismVerdict, ...] = ()
+    sharding: Sharding | None = None  # a sweep sharded across ranks (moebench.distributed)
 
 
 # --- plain data <-> records ------------------------------------------------------------

@@ -29,7 +29,8 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     untimed = s.timer == "none" and not result.samples and bool(result.determinism)  # verdicts alone
     if not untimed and (s.rounds < 1 or s.samples < 1):
         out.append(f"settings: rounds {s.rounds} and samples {s.samples} must be at least 1")
-    if not s.shapes or not s.arms:
+    unfinished = result.sharding is not None and bool(result.sharding.missing)  # may have no shape done
+    if (not s.shapes and not unfinished) or not s.arms:
         out.append("settings: no shapes or no arms")
     if s.ref not in s.arms:
         out.append(f"settings.ref {s.ref!r} is not one of the arms")
@@ -60,6 +61,7 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     if a.samples_passed > len(result.samples) - failing:
         out.append(f"audit.samples_passed {a.samples_passed}, but {failing} samples do not hold their declared "
                    f"kernels with positive durations")
+    out += _sharding(result)
     if result.statistics_over not in STATISTICS_OVER:
         out.append(f"statistics_over {result.statistics_over!r} is not one of {', '.join(STATISTICS_OVER)}")
         return out[:limit]
@@ -69,6 +71,29 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     elif summarized and not result.summaries:
         out.append(f"summaries: none, for a run with {result.statistics_over}")
     return out[:limit]
+
+
+def _sharding(result: RunResult) -> list[str]:
+    """A sharded sweep's cells: each shape of the settings finished in exactly one cell, on a
+    rank of the world; a missing cell is not also a finished one."""
+    sh = result.sharding
+    if sh is None:
+        return []
+    out = []
+    done = [c.shape for c in sh.cells]
+    missing = {c.shape for c in sh.missing}
+    if len(set(done)) != len(done):
+        out.append("sharding.cells: a shape finished in two cells")
+    if set(done) != set(result.settings.shapes):
+        out.append(f"sharding.cells ({', '.join(done)}) are not the shapes of the settings "
+                   f"({', '.join(result.settings.shapes)})")
+    if missing & set(done):
+        out.append(f"sharding.missing names finished cells: {', '.join(sorted(missing & set(done)))}")
+    if any(not 0 <= c.rank < sh.world_size for c in (*sh.cells, *sh.missing)):
+        out.append(f"sharding: a cell's rank is outside the world of {sh.world_size}")
+    if sh.dry_run and result.samples:
+        out.append("sharding: a dry run holds samples")
+    return out
 
 
 def _statistics(result: RunResult, samples) -> list[str]:
