@@ -14,6 +14,8 @@ Format history:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -294,6 +296,22 @@ def from_plain(cls: type, data: Any) -> Any:
     return _build(cls, data, cls.__name__ if isinstance(cls, type) else "value")
 
 
+INT_LIMIT = 1 << 63
+
+
+def _short(number: int | float) -> str:
+    if isinstance(number, int) and abs(number) >= INT_LIMIT:
+        return f"an integer of {number.bit_length()} bits"
+    return repr(number)
+
+
+@functools.cache
+def _hints(tp: type) -> dict[str, Any]:
+    """A record's resolved field types, once per class (resolving them per object was most of
+    the time a load took)."""
+    return typing.get_type_hints(tp)
+
+
 def _build(tp: Any, data: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -325,7 +343,7 @@ def _build(tp: Any, data: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected an object")
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):
             if f.name in data:
@@ -333,12 +351,18 @@ def _build(tp: Any, data: Any, path: str) -> Any:
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ValueError(f"{path}: missing field {f.name!r}")
         return tp(**kwargs)
+    # `save` writes no NaN or Infinity and every integer a run records fits in 64 bits; a file
+    # holding anything else was edited, and its numbers would break the statistics.
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise ValueError(f"{path}: expected a number")
+        if isinstance(data, int) and abs(data) >= INT_LIMIT or not math.isfinite(data):
+            raise ValueError(f"{path}: {_short(data)} is not a finite number of a sane size")
         return float(data)
     if tp in (int, str, bool):
         if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
             raise ValueError(f"{path}: expected {tp.__name__}")
+        if tp is int and abs(data) >= INT_LIMIT:
+            raise ValueError(f"{path}: {_short(data)} does not fit in 64 bits")
         return data
     raise ValueError(f"{path}: unsupported type {tp!r}")
