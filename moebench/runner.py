@@ -17,7 +17,10 @@ from typing import Callable
 import torch
 
 from moebench.errors import UserError
+from moebench.failures import (  # noqa: F401  (RunFailed: raised here, caught by the CLI)
+    ParityFailure, RunFailed, excluded_line, gpu_memory_guard, parity_exclusions, tensor_bytes)
 from moebench.fixtures import ShapeRegistry, build_fixture
+from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
 from moebench.kernels.arm import ArmFactory, default_arms, make_arms
 from moebench.kernels.builds import build_arm_factories, compare_outputs, resolve_builds
@@ -36,12 +39,6 @@ PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run
 PROBE_SAMPLES = 20
 MAX_ROUNDS = 1_000
 MAX_SAMPLES = 100_000  # per arm per round: more is a typo, and the timer's buffers are sized by it
-
-
-class RunFailed(Exception):
-    """The run could not produce a trustworthy result (parity or audit failure): exit 1."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -66,6 +63,7 @@ class RunRequest:
     external_arms: tuple[str, ...] = ()  # `--arm NAME=module:factory`
     build_host: str = "revision"  # git builds: the arm's host module at the revision, or this tree's
     max_fixture_gb: float = 16.0  # shapes whose fixture takes more host memory to build are refused
+    keep_going: bool = False  # arms failing the oracle are left out and the rest timed, not a stop
 
     @property
     def ref_arm(self) -> str:
@@ -196,6 +194,7 @@ class Prepared:
     hbm_bytes: dict[str, int]
     keep_alive: list = field(default_factory=list)
     build_parity: list[S.BuildParity] = field(default_factory=list)
+    excluded: set[tuple[str, str]] = field(default_factory=set)  # (shape, arm) failed the oracle: not timed
 
 
 def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = lambda m: None,
@@ -213,21 +212,27 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
     p = Prepared([], [], [], [], {}, {})
     failures = []
     for spec in specs:
-        fx = build_fixture(spec).to(device)
+        host = build_fixture(spec)
+        size = tensor_bytes(getattr(host, n) for n in TENSOR_FIELDS)
+        with gpu_memory_guard(f"moving fixture {spec.name} to the GPU", size, device):
+            fx = host.to(device)
+        del host
         summary = fixture_summary(fx)
         p.fixtures.append(_fixture_info(summary))
         p.hbm_bytes[spec.name] = summary["floors"]["hbm_bytes"]
-        refs = References(fx)
+        with gpu_memory_guard(f"computing the oracle for {spec.name}", size, device):
+            refs = References(fx)
         build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
             log(f"{spec.name}: preparing {arm.name}")
-            call = arm.prepare(fx)
+            with gpu_memory_guard(f"preparing {arm.name} at {spec.name}", size, device):
+                call = arm.prepare(fx)
             par = check_parity(call, refs, spec.name)
             p.parity.append(S.ParityInfo(spec.name, arm.name, _finite(par.rel_l2), _finite(par.max_abs),
                                          par.nonfinite, par.threshold, par.passed, par.oracle,
                                          None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:
-                failures.append(f"{arm.name} at {spec.name}: {par.reason()}")
+                failures.append(ParityFailure(spec.name, arm.name, par.reason()))
                 continue
             decl = tuple(S.DeclaredKernel(k.label, k.pattern, k.count) for k in call.kernels)
             p.declared[(spec.name, arm.name)] = decl
@@ -238,8 +243,10 @@ def prepare(req: RunRequest, device: torch.device, log: Callable[[str], None] = 
                 build_outputs[arm.name] = call.output.detach().clone()  # as parity's run left it
         p.build_parity.extend(_build_parity(spec.name, build_outputs, plan.build_base))
         del refs, build_outputs
-    if failures:
-        raise RunFailed("parity failed, not timing: " + "; ".join(failures))
+    excluded = parity_exclusions(failures, req.keep_going, req.ref_arm)
+    if excluded:
+        log(excluded_line(failures))
+        p.excluded = excluded
     return p
 
 
@@ -364,6 +371,9 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
                                                  on_unit_done=lambda r, u, n: advance(r, u, n))
     else:
         out, bandwidth, options = time_units(req, backend, prep.units)
+    timed = {(u.shape, u.arm) for u in prep.units}
+    if prep.excluded:  # --keep-going: an arm with no unit left is no arm of this run
+        req = replace(req, arms=tuple(a for a in req.arms if any(arm == a for _, arm in timed)))
     result = assemble(req, backend, prep, out, bandwidth, options, started_at)
     path = save(result, reserve_path(Path(req.out_dir) / result_filename(result)))
     return result, path
