@@ -163,9 +163,15 @@ def _nvrtc() -> str:
 
 
 def _cache() -> str:
+    from moebench.atomic_write import atomic_write
     from moebench.kernels.cuda_build import cache_dir
-    from moebench.results.store import ensure_writable_dir
-    return f"{ensure_writable_dir(cache_dir())} is writable"
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(folder / ".moebench-write-check", b"").unlink()
+    except OSError as err:
+        raise RuntimeError(f"cannot write into {folder}: {err.strerror or err}") from None
+    return f"{folder} is writable"
 
 
 def cpu_findings() -> list[Finding]:
@@ -276,7 +282,7 @@ def _referee() -> str:
 def optional_findings() -> list[Finding]:
     """Reported, never an ERROR: the stock arm runs without tuned tables, a run without the referee."""
     return [_attempt("stock tables", _stock_tables, "the stock arm runs the engines' default config", WARN),
-            _attempt("referee", _referee, "pip install 'moebench[sglang]' for the sglang arm", WARN)]
+            _attempt("referee", _referee, "optional: only the sglang referee arm needs it", WARN)]
 
 
 # ---------------------------------------------------------------------------- all
@@ -302,5 +308,8 @@ def _attempt(label: str, fn: Callable[[], str], advice: str | Callable[[BaseExce
 
 
 def _first_line(err: BaseException) -> str:
+    from moebench.errors import UserError
     text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+    if not text:
+        return type(err).__name__
+    return text.splitlines()[0] if isinstance(err, UserError) else f"{type(err).__name__}: {text.splitlines()[0]}"
