@@ -3,10 +3,9 @@
 A build is identified by `build_hash`: SHA-256 over the source text, the text of every
 local header it includes (recursively), the NVRTC flags, the defines, the target arch,
 the NVRTC version and the cache format. Entries live in ~/.cache/moebench/cuda (or
-$MOEBENCH_CACHE) as `<hash>.cubin` plus `<hash>.json` (metadata, written last). A build
-runs under an fcntl lock on `<hash>.lock`; each file is written to a temporary name and
-renamed into place, so a reader sees a whole entry or none. An entry whose cubin does not
-match the SHA-256 in its metadata, or whose metadata does not parse, is rebuilt.
+$MOEBENCH_CACHE) as `<hash>.cubin` plus `<hash>.json` (metadata, written last), read and
+published by moebench.kernels.compile_cache: built under a per-key lock, published by atomic
+renames, a corrupt entry rebuilt.
 
 Compiling needs no GPU (NVRTC runs on the host and ptxas's verbose log gives each
 kernel's registers, shared memory and spills); loading a kernel needs one, and launching
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import fcntl
 import hashlib
 import io
 import json
@@ -26,7 +24,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from moebench.atomic_write import atomic_write
+from moebench.kernels import compile_cache
 from moebench.kernels.cuda_launch import device_index
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -251,32 +249,17 @@ def _program_options(name: str, arch: str, flags: tuple[str, ...], defines: dict
     return ProgramOptions(**kw)
 
 
-# ---------------------------------------------------------------------------- cache I/O
+# ---------------------------------------------------------------------------- cache entries
+# (reading, locking and publishing: moebench.kernels.compile_cache)
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _read_entry(root: Path, key: str) -> tuple[bytes, dict] | None:
-    """The cubin and metadata of a whole, uncorrupted entry; None otherwise."""
-    meta_path, bin_path = root / f"{key}.json", root / f"{key}.cubin"
-    try:
-        meta = json.loads(meta_path.read_text())
-        cubin = bin_path.read_bytes()
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
-        return None
-    if hashlib.sha256(cubin).hexdigest() != meta.get("build", {}).get("binary_sha256"):
-        return None
-    return cubin, meta
+def _decode_entry(meta: dict, key: str) -> tuple[CudaBuild, dict[str, str], str]:
+    """An entry's build record, symbol mapping and log; raises on anything that does not fit."""
+    record = _build_from_meta(meta)
+    mapping, log = meta.get("symbol_mapping", {}), meta.get("log", "")
+    if record.build_hash != key or not isinstance(mapping, dict) or not isinstance(log, str) \
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        raise ValueError("cache entry does not fit its key")
+    return record, mapping, log
 
 
 def _build_from_meta(meta: dict) -> CudaBuild:
@@ -411,21 +394,20 @@ def _compile_cached(source, defines: dict[str, str], name_expressions, arch, ext
     key = build_key(text, headers, flags, defines, arch, nvrtc, tuple(name_expressions))
     if use_cache and key in _MEMO:
         return _MEMO[key]
-    root = cache_dir()
     if use_cache:
-        hit = _read_entry(root, key)
-        if hit is None:
-            with _locked(root / f"{key}.lock"):
-                hit = _read_entry(root, key)  # another process may have built it meanwhile
-                if hit is None:
-                    module = _compile(text, name, search, headers, flags, defines, arch, nvrtc,
-                                      tuple(name_expressions), key)
-                    _publish(root, key, module)
-                    _MEMO[key] = module
-                    return module
-        cubin, meta = hit
-        module = CudaModule(_build_from_meta(meta), cubin, meta.get("symbol_mapping", {}),
-                            meta.get("log", ""), cache_hit=True)
+        built: list[CudaModule] = []
+
+        def build() -> tuple[bytes, dict]:
+            built.append(_compile(text, name, search, headers, flags, defines, arch, nvrtc,
+                                  tuple(name_expressions), key))
+            return built[0].cubin, _entry_meta(built[0])
+        (cubin, meta), _found = compile_cache.get_or_build(cache_dir(), key, CACHE_FORMAT, build,
+                                                        lambda meta: _decode_entry(meta, key))
+        if built:
+            module = built[0]
+        else:
+            record, mapping, log = _decode_entry(meta, key)
+            module = CudaModule(record, cubin, mapping, log, cache_hit=True)
     else:
         module = _compile(text, name, search, headers, flags, defines, arch, nvrtc,
                           tuple(name_expressions), key)
@@ -473,9 +455,6 @@ def _compile(text, name, search, headers, flags, defines, arch, nvrtc, name_expr
     return CudaModule(build, cubin, mapping, log.getvalue(), cache_hit=False)
 
 
-def _publish(root: Path, key: str, module: CudaModule) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    meta = {"format": CACHE_FORMAT, "build": module.build.to_dict(),
+def _entry_meta(module: CudaModule) -> dict:
+    return {"format": CACHE_FORMAT, "build": module.build.to_dict(),
             "symbol_mapping": module.symbol_mapping, "log": module.log}
-    atomic_write(root / f"{key}.cubin", module.cubin)
-    atomic_write(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())  # last
