@@ -145,3 +145,30 @@ def test_the_audit_line_names_counts_and_first_findings():
     _one_line(line)
     assert line.startswith(f"audit failed: {r.audit.samples_total - 1}/{r.audit.samples_total} samples passed")
     assert "kept in results/x.json" in line and "first findings: A8 triton round 1 sample 0" in line
+
+
+@pytest.mark.gpu
+def test_out_of_gpu_memory_on_a_real_gpu_is_one_line_with_the_fixture_size(tmp_path):
+    """Most of the GPU taken first, then A8 (its weights alone ~0.7 GB) does not fit."""
+    free, _ = torch.cuda.mem_get_info()
+    hog = torch.empty(max(0, free - 256 * 2**20), dtype=torch.uint8, device="cuda")
+    try:
+        req = RunRequest(shapes=("A8",), arms=("triton",), rounds=1, samples=2, warmup=0, out_dir=str(tmp_path),
+                         measure_bandwidth=False)
+        with pytest.raises(UserError) as err:
+            run(req)
+    finally:
+        del hog
+        torch.cuda.empty_cache()
+    text = str(err.value)
+    _one_line(text)
+    assert "out of GPU memory" in text and "A8" in text and "the fixture's tensors take" in text
+
+
+@pytest.mark.gpu
+def test_doctor_on_a_gpu_finds_cupti_free_and_reads_the_gpu_state():
+    from moebench import doctor
+    found = {f.label: f for f in doctor.findings()}
+    assert found["GPU"].level == "OK" and found["CUPTI"].level == "OK", found["CUPTI"].line()
+    assert found["clocks"].detail.startswith("SM ") and "?/?" not in found["clocks"].detail
+    assert found["other processes"].level in ("OK", "WARN") and "unknown" not in found["other processes"].detail
