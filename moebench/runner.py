@@ -362,7 +362,8 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
     if backend is None:
         resolve_specs(req)  # bad shape names before touching the GPU
         make_arms(req.arms, req.arm_options, plan.factories)
-        backend = cuda_backend(req)
+        with gpu_memory_guard("allocating the L2 flush buffer"):
+            backend = cuda_backend(req)
     prep = prepare(req, backend.device, log, plan)
     total = req.rounds * len(prep.units) * req.samples
     if progress_factory is not None:
