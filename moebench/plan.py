@@ -52,6 +52,7 @@ class RunRequest:
     variants: tuple[str, ...] = ()  # `--variant NAME=ARM:KEY=VALUE,...`
     build_host: str = "revision"  # git builds: the arm's host module at the revision, or this tree's
     max_fixture_gb: float = 16.0  # shapes whose fixture takes more host memory to build are refused
+    keep_going: bool = False  # arms failing the oracle are left out and the rest timed, not a stop
 
     @property
     def ref_arm(self) -> str:

@@ -24,6 +24,7 @@ from moebench.cli.common import (
     shapes_file_option,
     triton_config_option,
 )
+from moebench.failures import audit_failure
 from moebench.kernels.registry import parse_arm_list
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunRequest, run
@@ -76,11 +77,14 @@ def _progress(console: Console, total: int):
 @triton_config_option
 @pdl_option
 @max_fixture_gb_option
+@click.option("--keep-going", is_flag=True,
+              help="Time the other arms when some fail the oracle (those are left out and reported); "
+                   "without it such a failure stops the run before timing, exit 1.")
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
 def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants, external_arms,
                 ref, rounds,
-                samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb, out_dir):
+                samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb, keep_going, out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
@@ -90,7 +94,7 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                      arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds), build_arm=build_arm,
                      build_host=build_host,
                      defines=tuple(defines), variants=tuple(variants), external_arms=tuple(external_arms),
-                     max_fixture_gb=max_fixture_gb)
+                     max_fixture_gb=max_fixture_gb, keep_going=keep_going)
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))
@@ -100,8 +104,5 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
     print_tables(result, console)
     console.print(f"saved {path}")
     if not result.audit.passed:
-        a = result.audit
-        click.echo(f"moebench: error: audit failed: {a.samples_passed}/{a.samples_total} samples passed"
-                   f"{f', {a.dropped_records} records dropped' if a.dropped_records else ''}; first findings: "
-                   + " | ".join(findings_lines(result, 3)), err=True)
+        click.echo(f"moebench: error: {audit_failure(result, path, findings_lines(result, 3))}", err=True)
         raise click.exceptions.Exit(1)
