@@ -9,8 +9,14 @@ from pathlib import Path
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to a temporary file beside `path`, fsync it, rename it into place.
-    The file gets the permissions the umask gives a new file (mkstemp alone makes 0600)."""
+    The file gets the permissions the umask gives a new file (mkstemp alone makes 0600).
+    A path that exists and is no regular file (a device such as /dev/null, a pipe) is
+    written through, not replaced."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO: renaming over it would replace it
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         umask = os.umask(0)

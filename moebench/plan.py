@@ -56,6 +56,7 @@ class RunRequest:
     aa_arm: str | None = None  # `--aa ARM`: ARM and a second prepared copy ARM#2, for the noise floor
     noise_from: str | None = None  # `--noise-from FILE`: copy the floors a noise run measured
     sampler: str = "eager"  # `--graph`: "graph", each sample a replayed CUDA graph of flush and call
+    keep_going: bool = False  # arms failing the oracle are left out and the rest timed, not a stop
 
     @property
     def ref_arm(self) -> str:

@@ -1,8 +1,10 @@
 """Prepare a plan's arms on its fixtures: fixtures on the device, every arm prepared and
 checked against the oracle, builds' outputs compared bit for bit. Untimed.
 
-An arm that fails parity is never timed: the run stops with every failure named. What comes
-out is the timed units (moebench.measure) and the records a result keeps of what was timed
+An arm that fails parity is never timed: the run stops with every failure named, or with
+`keep_going` that arm is left out at that shape and the rest is timed (moebench.failures).
+Running out of GPU memory while moving a fixture, computing its oracle or preparing an arm is
+one line naming which and the fixture's size. What comes out is the timed units (moebench.measure) and the records a result keeps of what was timed
 (fixtures, arms with their declared kernels and identities, parity).
 """
 
@@ -14,7 +16,10 @@ from typing import Callable
 import torch
 
 from moebench.errors import UserError
+from moebench.failures import (  # noqa: F401  (RunFailed: raised here, caught by the CLI)
+    ParityFailure, RunFailed, excluded_line, gpu_memory_guard, parity_exclusions, tensor_bytes)
 from moebench.fixtures import build_fixture
+from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
 from moebench.kernels.registry import make_arms
 from moebench.kernels.builds import compare_outputs
@@ -22,12 +27,6 @@ from moebench.kernels.parity import References, check_parity
 from moebench.plan import ArmPlan, RunRequest, resolve_specs
 from moebench.results import schema as S
 from moebench.timing.engine import Unit
-
-
-class RunFailed(Exception):
-    """The run could not produce a trustworthy result (parity failure): exit 1."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -50,12 +49,14 @@ class Prepared:
     subjects: Subjects
     units: list[Unit]
     keep_alive: list = field(default_factory=list)  # the prepared calls the units' closures use
+    excluded: set[tuple[str, str]] = field(default_factory=set)  # (shape, arm) failed the oracle: not timed
 
 
 def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             log: Callable[[str], None] = lambda m: None) -> Prepared:
     """Fixtures on `device`, every arm prepared and checked against the oracle. Builds' outputs
-    are then compared with the base build's, bit for bit. Raises RunFailed on a parity failure."""
+    are then compared with the base build's, bit for bit. Raises RunFailed on a parity failure
+    unless `req.keep_going`; then the failing units are left out, and so is an arm with none left."""
     specs = resolve_specs(req)
     arms = make_arms(req.arms, req.arm_options, plan.factories)
     for arm in arms:
@@ -66,20 +67,26 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
     hbm: dict[str, int] = {}
     failures = []
     for spec in specs:
-        fx = build_fixture(spec).to(device)
+        host = build_fixture(spec)
+        size = tensor_bytes(getattr(host, n) for n in TENSOR_FIELDS)
+        with gpu_memory_guard(f"moving fixture {spec.name} to the GPU", size, device):
+            fx = host.to(device)
+        del host
         summary = fixture_summary(fx)
         fixtures.append(_fixture_info(summary))
         hbm[spec.name] = summary["floors"]["hbm_bytes"]
-        refs = References(fx)
+        with gpu_memory_guard(f"computing the oracle for {spec.name}", size, device):
+            refs = References(fx)
         build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
             log(f"{spec.name}: preparing {arm.name}")
-            call = arm.prepare(fx)
+            with gpu_memory_guard(f"preparing {arm.name} at {spec.name}", size, device):
+                call = arm.prepare(fx)
             par = check_parity(call, refs, spec.name)
             parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
                                   rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:
-                failures.append(f"{arm.name} at {spec.name}: {par.reason()}")
+                failures.append(ParityFailure(spec.name, arm.name, par.reason()))
                 continue
             decl = tuple(call.kernels)
             infos.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
@@ -89,12 +96,15 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
                 build_outputs[arm.name] = call.output.detach().clone()  # as parity's run left it
         build_parity.extend(_build_parity(spec.name, build_outputs, plan.build_base))
         del refs, build_outputs
-    if failures:
-        raise RunFailed("parity failed, not timing: " + "; ".join(failures))
-    subjects = Subjects(shapes=tuple(f.name for f in fixtures), arms=tuple(req.arms), ref=req.ref_arm,
+    excluded = parity_exclusions(failures, req.keep_going, req.ref_arm)
+    if excluded:
+        log(excluded_line(failures))
+    timed = {u.arm for u in units}  # --keep-going: an arm with no unit left is no arm of this run
+    subjects = Subjects(shapes=tuple(f.name for f in fixtures), arms=tuple(a for a in req.arms if a in timed),
+                        ref=req.ref_arm,
                         hbm_bytes=hbm, fixtures=tuple(fixtures), arm_infos=tuple(infos), parity=tuple(parity),
                         build_parity=tuple(build_parity), balancedness=req.balancedness)
-    return Prepared(subjects, units, keep)
+    return Prepared(subjects, units, keep, excluded)
 
 
 def _build_parity(shape: str, outputs: dict[str, torch.Tensor], base: str | None) -> list[S.BuildParity]:

@@ -18,11 +18,12 @@ import torch
 
 from moebench.assemble import assemble, result_filename
 from moebench.errors import UserError
+from moebench.failures import RunFailed, gpu_memory_guard
 from moebench.kernels.registry import make_arms
 from moebench.measure import TimingBackend, cuda_backend, measure
 from moebench.noise import with_noise
 from moebench.plan import RunRequest, plan_arms, resolve_specs, validate, with_default_arms
-from moebench.prepare import RunFailed, prepare
+from moebench.prepare import prepare
 from moebench.results import schema as S
 from moebench.results.provenance import utc_now
 from moebench.results.store import ensure_writable_dir, reserve_path, save
@@ -64,7 +65,8 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
     if backend is None:
         resolve_specs(req)  # bad shape names before touching the GPU
         make_arms(req.arms, req.arm_options, plan.factories)
-        backend = cuda_backend(req.protocol)
+        with gpu_memory_guard("allocating the L2 flush buffer"):
+            backend = cuda_backend(req.protocol)
     prep = prepare(req, plan, backend.device, log)
     protocol = req.protocol
     if progress_factory is not None:

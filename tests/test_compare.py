@@ -224,7 +224,9 @@ def test_cli_missing_file(saved, base, tmp_path):
 
 def slowed_run(result, arm: str, factor: float):
     """`result` as if `arm`'s kernels had all taken `factor` times as long: its samples slowed,
-    and the summaries and ratios recomputed from them (a file must agree with its samples)."""
+    and the summaries and ratios recomputed from them (a file must agree with its samples).
+    Each kernel starts as much later as the ones before it grew, the gaps kept, so a sample's
+    busy time (the union of its kernels) grows by `factor` too instead of overlapping."""
     from moebench.results.schema import KernelRecord
     from moebench.stats import summarize
 
@@ -233,9 +235,12 @@ def slowed_run(result, arm: str, factor: float):
             return sample
         if sample.events_ns is not None:
             return replace(sample, events_ns=round(sample.events_ns * factor))
-        return replace(sample, kernels=tuple(
-            KernelRecord(k.name, k.start_ns, k.start_ns + round((k.end_ns - k.start_ns) * factor))
-            for k in sample.kernels))
+        kernels, shift = [], 0
+        for k in sample.kernels:
+            longer = round((k.end_ns - k.start_ns) * factor)
+            kernels.append(KernelRecord(k.name, k.start_ns + shift, k.start_ns + shift + longer))
+            shift += longer - (k.end_ns - k.start_ns)
+        return replace(sample, kernels=tuple(kernels))
     samples = tuple(slow(x) for x in result.samples)
     st = result.settings
     gpu = result.provenance.gpu

@@ -135,3 +135,20 @@ def test_a_git_build_outside_a_repository_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(["run", "--shape", "T8", "--build", "a=git:HEAD"])
     assert code == 2 and "is not in a git repository" in err
+
+
+def test_report_into_a_pipe_writes_through_it_and_leaves_it_a_pipe(tmp_path):
+    """`report -o /dev/null` or a FIFO: the atomic rename would put a regular file in its place."""
+    import os
+    import stat
+    import threading
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()))
+    reader.start()
+    path = save(make_result(rounds=2, samples=2), tmp_path / "r.json")
+    code, out, err = run_cli(["report", str(path), "--format", "csv", "-o", str(pipe)])
+    reader.join(timeout=30)
+    assert code == 0, err
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode) and got and got[0].startswith(b"kind,shape,arm")

@@ -25,6 +25,16 @@ class FakeCupti(types.ModuleType):
         self.cuptiError = type("cuptiError", (Exception,), {})
         self.enabled, self.api_off, self.stack, self.pending, self.callbacks = set(), set(), [], [], None
         self.drop_next = 0
+        self.subscribers, self.taken_by = 0, None  # taken_by: CUPTI's error when a profiler holds it
+
+    def subscribe(self, callback, userdata):
+        if self.taken_by is not None:
+            raise self.cuptiError(self.taken_by)
+        self.subscribers += 1
+        return 1
+
+    def unsubscribe(self, handle):
+        self.subscribers -= 1
 
     def activity_register_callbacks(self, req, done):
         assert req() [0] > 0
@@ -107,3 +117,21 @@ def test_cupti_missing_is_one_clear_user_error(monkeypatch):
     from moebench.timing.cupti_tracer import load_cupti
     with pytest.raises(UserError, match="CUPTI is unavailable.*--timer events"):
         load_cupti()
+
+
+@pytest.mark.parametrize("status, needle", [
+    ("ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39)", "another profiler holds CUPTI (ncu, nsys"),
+    ("ERROR_INSUFFICIENT_PRIVILEGES (35)", "NVreg_RestrictProfilingToAdminUsers=0"),
+])
+def test_cupti_taken_or_forbidden_is_one_line_before_any_tracing(fake_cupti, status, needle):
+    from moebench.errors import UserError
+    from moebench.timing.cupti_tracer import CuptiTracer
+    fake_cupti.taken_by = status
+    with pytest.raises(UserError) as err:
+        CuptiTracer()
+    text = str(err.value)
+    assert needle in text and status in text and "--timer events" in text and "\n" not in text
+    assert fake_cupti.enabled == set() and fake_cupti.subscribers == 0
+    fake_cupti.taken_by = None  # the profiler gone, tracing starts and leaves no subscriber behind
+    CuptiTracer().close()
+    assert fake_cupti.subscribers == 0

@@ -1,18 +1,21 @@
-"""`moebench doctor`: what this machine has for moebench, one line each, OK or missing."""
+"""`moebench doctor`: what this machine has for moebench, one line each: OK, WARN or ERROR."""
 
 from __future__ import annotations
 
 import click
 
 from moebench.cli import cli
-from moebench.doctor import machine_checks
 
 
 @cli.command()
-def doctor():
-    """Check GPU, driver, CUPTI, NVRTC, Triton and library versions."""
-    checks, missing = machine_checks()
-    for c in checks:
-        click.echo(f"{c.status:8} {c.line}")
-    if missing:
-        raise click.exceptions.Exit(1)
+@click.option("--cpu", "cpu_only", is_flag=True,
+              help="Check only what CPU use needs (torch, the Triton interpreter, NVRTC, the compile cache).")
+def doctor(cpu_only):
+    """Check the GPU, CUPTI, NVRTC, clocks and library versions; exit 1 on any ERROR."""
+    from moebench.doctor import exit_code, findings
+    found = findings(cpu_only=cpu_only)
+    for f in found:
+        click.echo(f.line())
+    code = exit_code(found)
+    if code:
+        raise click.exceptions.Exit(code)

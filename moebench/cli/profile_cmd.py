@@ -9,7 +9,7 @@ import click
 from moebench.cli import cli
 from moebench.cli.common import balancedness_option, pdl_option, shapes_file_option, triton_config_option
 from moebench.plan import RunRequest
-from moebench.prepare import RunFailed
+from moebench.failures import RunFailed
 from moebench.profile import profile_arm
 from moebench.timing.flush import FLUSH_MODES
 

@@ -24,6 +24,7 @@ from moebench.cli.common import (
     shapes_file_option,
     triton_config_option,
 )
+from moebench.failures import audit_failure
 from moebench.kernels.registry import parse_arm_list
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunRequest, run
@@ -84,16 +85,20 @@ def _progress(console: Console, total: int):
 @triton_config_option
 @pdl_option
 @max_fixture_gb_option
+@click.option("--keep-going", is_flag=True,
+              help="Time the other arms when some fail the oracle (those are left out and reported); "
+                   "without it such a failure stops the run before timing, exit 1.")
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to.")
 def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants, external_arms,
                 ref, rounds,
-                samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl, max_fixture_gb, out_dir):
+                samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl, max_fixture_gb, keep_going,
+                out_dir):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
-                      out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from)
+                      out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from, keep_going=keep_going)
     try:
         result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
                            progress_factory=lambda total: _progress(console, total))
@@ -103,10 +108,7 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
     print_tables(result, console)
     console.print(f"saved {path}")
     if not result.audit.passed:
-        a = result.audit
-        click.echo(f"moebench: error: audit failed: {a.samples_passed}/{a.samples_total} samples passed"
-                   f"{f', {a.dropped_records} records dropped' if a.dropped_records else ''}; first findings: "
-                   + " | ".join(findings_lines(result, 3)), err=True)
+        click.echo(f"moebench: error: {audit_failure(result, path, findings_lines(result, 3))}", err=True)
         raise click.exceptions.Exit(1)
 
 

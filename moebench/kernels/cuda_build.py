@@ -15,8 +15,8 @@ import os
 import re
 from pathlib import Path
 
-from moebench.kernels.cuda_cache import (CACHE_FORMAT, CudaBuild, KernelResources, build_from_meta, build_key,  # noqa: F401,E501
-                                         cache_dir, locked, publish, read_entry, sources_dir)
+from moebench.kernels.cuda_cache import (CACHE_FORMAT, CudaBuild, KernelResources, build_key,  # noqa: F401
+                                         cache_dir, get_or_build, sources_dir)
 from moebench.kernels.cuda_launch import device_index
 from moebench.kernels.kernel_source import (KERNELS_DIR, KernelSource, include_closure,  # noqa: F401
                                             local_headers, materialize)
@@ -231,26 +231,16 @@ def compile_source(source: KernelSource | str | os.PathLike, *, defines: dict[st
     key = build_key(src.text, dict(src.headers), flags, all_defines, arch, nvrtc, tuple(name_expressions))
     if use_cache and key in _MEMO:
         return _MEMO[key]
-    root = cache_dir()
-    if not use_cache:
-        module = _compile(src, flags, all_defines, arch, nvrtc, tuple(name_expressions), key)
-    elif (hit := read_entry(root, key)) is not None:
-        module = _from_entry(*hit)
+    if use_cache:
+        def build():
+            m = _compile(src, flags, all_defines, arch, nvrtc, tuple(name_expressions), key)
+            return m.build, m.cubin, m.symbol_mapping, m.log
+        entry, found = get_or_build(cache_dir(), key, build)
+        module = CudaModule(*entry, cache_hit=found)
     else:
-        with locked(root / f"{key}.lock"):
-            hit = read_entry(root, key)  # another process may have built it meanwhile
-            if hit is not None:
-                module = _from_entry(*hit)
-            else:
-                module = _compile(src, flags, all_defines, arch, nvrtc, tuple(name_expressions), key)
-                publish(root, key, module.build, module.cubin, module.symbol_mapping, module.log)
+        module = _compile(src, flags, all_defines, arch, nvrtc, tuple(name_expressions), key)
     _MEMO[key] = module
     return module
-
-
-def _from_entry(cubin: bytes, meta: dict) -> CudaModule:
-    return CudaModule(build_from_meta(meta), cubin, meta.get("symbol_mapping", {}), meta.get("log", ""),
-                      cache_hit=True)
 
 
 def clear_memo() -> None:

@@ -3,10 +3,16 @@
 A build is identified by `build_hash`: SHA-256 over the source text, the text of every
 local header it includes (recursively), the NVRTC flags, the defines, the target arch,
 the NVRTC version and the cache format. Entries live in ~/.cache/moebench/cuda (or
-$MOEBENCH_CACHE) as `<hash>.cubin` plus `<hash>.json` (metadata, written last). A build
-runs under an fcntl lock on `<hash>.lock`; each file is written to a temporary name and
-renamed into place, so a reader sees a whole entry or none. An entry whose cubin does not
-match the SHA-256 in its metadata, or whose metadata does not parse, is rebuilt.
+$MOEBENCH_CACHE) as `<hash>.cubin` plus `<hash>.json` (metadata holding the cubin's SHA-256).
+
+A miss is built under an fcntl lock on `<hash>.lock`, so processes asking for the same key
+compile it once and the others wait and read it; different keys never wait on each other.
+Each file is written to a temporary name and renamed into place, the metadata last, so a
+reader without the lock sees the old entry, the new one, or none. An entry counts only if
+its metadata decodes to a build of this key and vouches for its cubin; anything else
+(unparsable or foreign metadata, a cubin whose hash differs, another key's record, a bad
+symbol mapping) is a miss: rebuilt and replaced. A cache that cannot be written is one
+line naming MOEBENCH_CACHE.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from moebench.atomic_write import atomic_write
+from moebench.errors import UserError
 
 CACHE_FORMAT = "moebench-cuda-cache-v1"
 
@@ -93,30 +101,27 @@ def build_key(source: str, headers: dict[str, str], flags: tuple[str, ...],
     return h.hexdigest()
 
 
+Entry = tuple[CudaBuild, bytes, dict[str, str], str]  # build record, cubin, symbol mapping, NVRTC log
+
+
+def _unwritable(folder: Path, err: OSError) -> UserError:
+    return UserError(f"compile cache {str(folder)!r} cannot be written ({err.strerror or err}); "
+                     "set MOEBENCH_CACHE to a writable folder")
+
+
 @contextlib.contextmanager
 def locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")
+    except OSError as err:
+        raise _unwritable(path.parent, err) from None
+    with f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def read_entry(root: Path, key: str) -> tuple[bytes, dict] | None:
-    """The cubin and metadata of a whole, uncorrupted entry; None otherwise."""
-    meta_path, bin_path = root / f"{key}.json", root / f"{key}.cubin"
-    try:
-        meta = json.loads(meta_path.read_text())
-        cubin = bin_path.read_bytes()
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
-        return None
-    if hashlib.sha256(cubin).hexdigest() != meta.get("build", {}).get("binary_sha256"):
-        return None
-    return cubin, meta
 
 
 def build_from_meta(meta: dict) -> CudaBuild:
@@ -128,9 +133,56 @@ def build_from_meta(meta: dict) -> CudaBuild:
     return CudaBuild(**b)
 
 
+def decode_entry(meta: dict, key: str) -> tuple[CudaBuild, dict[str, str], str]:
+    """An entry's build record, symbol mapping and log; raises on anything that does not fit `key`."""
+    record = build_from_meta(meta)
+    mapping, log = meta.get("symbol_mapping", {}), meta.get("log", "")
+    if record.build_hash != key or not isinstance(mapping, dict) or not isinstance(log, str) \
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        raise ValueError("cache entry does not fit its key")
+    return record, mapping, log
+
+
+def read_entry(root: Path, key: str) -> Entry | None:
+    """The entry for `key` if it is whole and checks out; None for a miss or a bad entry."""
+    try:
+        meta = json.loads((root / f"{key}.json").read_text())
+        cubin = (root / f"{key}.cubin").read_bytes()
+    except (OSError, ValueError):  # absent, unreadable, not JSON, not UTF-8
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
+        return None
+    build = meta.get("build")
+    if not isinstance(build, dict) or build.get("binary_sha256") != hashlib.sha256(cubin).hexdigest():
+        return None
+    try:
+        record, mapping, log = decode_entry(meta, key)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return record, cubin, mapping, log
+
+
 def publish(root: Path, key: str, build: CudaBuild, cubin: bytes, symbol_mapping: dict[str, str], log: str) -> None:
-    """Write one entry: the cubin first, its metadata last (a reader trusts only whole entries)."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write one entry: the cubin first, the metadata that vouches for it last."""
     meta = {"format": CACHE_FORMAT, "build": build.to_dict(), "symbol_mapping": symbol_mapping, "log": log}
-    atomic_write(root / f"{key}.cubin", cubin)
-    atomic_write(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write(root / f"{key}.cubin", cubin)
+        atomic_write(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+    except OSError as err:
+        raise _unwritable(root, err) from None
+
+
+def get_or_build(root: Path, key: str, build: Callable[[], Entry]) -> tuple[Entry, bool]:
+    """The entry for `key` and whether it was found (True) or built here (False). A miss is
+    checked again under the key's lock, since another process may have built it meanwhile."""
+    hit = read_entry(root, key)
+    if hit is not None:
+        return hit, True
+    with locked(root / f"{key}.lock"):
+        hit = read_entry(root, key)
+        if hit is not None:
+            return hit, True
+        entry = build()
+        publish(root, key, *entry)
+        return entry, False

@@ -74,7 +74,7 @@ def ratios_plot(ix: ResultIndex, shape: str) -> Plot | None:
     if not arms:
         return None
     colors = arm_colors(ix.arms)
-    fig = Figure(figsize=(6.4, 3.2), layout="constrained")
+    fig = Figure(figsize=(6.4, 3.4 + 0.17 * len(arms)), layout="constrained")
     ax = fig.add_subplot()
     ax.axhline(1.0, color="0.4", linewidth=1)
     for arm in arms:
@@ -84,9 +84,9 @@ def ratios_plot(ix: ResultIndex, shape: str) -> Plot | None:
         ax.axhline(r.median, color=colors[arm], linestyle="--", linewidth=0.8)
     ax.set_xticks(list(ix.rounds), [str(r) for r in ix.rounds])
     ax.set_xlabel("round")
-    ax.set_ylabel(f"{ix.ref} time / arm time (> 1: arm faster)")
-    ax.set_title(f"{shape}: paired ratio per round")
-    ax.legend(loc="best", fontsize=8)
+    ax.set_ylabel(f"{ix.ref} time / arm time")
+    ax.set_title(f"{shape}: paired ratio per round (> 1: the arm is faster)")
+    _legend_outside(fig, ax)
     return Plot(f"{shape}-ratios", f"{shape}: paired ratio per round", fig)
 
 
@@ -94,11 +94,11 @@ def ratios_plot(ix: ResultIndex, shape: str) -> Plot | None:
 
 def bandwidth_plot(ix: ResultIndex) -> Plot:
     """Floor bytes over median time per arm, as % of the measured read bandwidth when the
-    run measured it, else in TB/s."""
+    run measured it, else in TB/s. The legend sits beside the bars, never over them."""
     colors = arm_colors(ix.arms)
     summaries = [s for shape in ix.shapes for s in (ix.summary(shape, a) for a in ix.arms_at(shape))]
     as_fraction = all(s.fraction_of_read_bandwidth is not None for s in summaries)
-    fig = Figure(figsize=(max(4.0, 1.1 * len(ix.shapes) + 2.5), 3.4), layout="constrained")
+    fig = Figure(figsize=(max(4.0, 1.1 * len(ix.shapes) + 2.5) + 1.3, 3.6), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(ix.arms))
     for j, arm in enumerate(ix.arms):
@@ -114,11 +114,15 @@ def bandwidth_plot(ix: ResultIndex) -> Plot:
     if as_fraction:
         ax.axhline(100, color="0.4", linewidth=1)
         ax.set_ylabel("% of measured read bandwidth")
+        ax.set_ylim(0, max(100, *(100 * s.fraction_of_read_bandwidth for s in summaries)) * 1.08)
+        read = ix.result.provenance.gpu.read_bandwidth_bytes_per_s if ix.result.provenance.gpu else None
+        of = f" ({read / 1e12:.2f} TB/s)" if read else ""
+        ax.set_title(f"HBM floor bytes / median time, as % of the measured read bandwidth{of}")
     else:
         ax.set_ylabel("TB/s")
+        ax.set_title("HBM floor bytes / median time, TB/s (no read bandwidth measured)")
     ax.set_xticks(range(len(ix.shapes)), list(ix.shapes))
-    ax.set_title("HBM-floor bandwidth: floor bytes / median time")
-    ax.legend(loc="upper left", fontsize=8)
+    _legend_outside(fig, ax, "right")
     ax.grid(axis="x", visible=False)
     return Plot("bandwidth", "HBM-floor bandwidth per arm", fig)
 
@@ -127,7 +131,7 @@ def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
     colors = arm_colors(ix.arms)
     for family, fixtures in ix.sweeps().items():
         ms = [f.M for f in fixtures]
-        fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+        fig = Figure(figsize=(7.6, 3.6), layout="constrained")
         ax = fig.add_subplot()
         for arm in ix.arms:
             pts = [(f.M, ix.summary(f.name, arm)) for f in fixtures]
@@ -139,15 +143,15 @@ def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_ylabel(f"median µs — {ix.metric.plot_label}")
-        ax.set_title(f"family {family}: duration against M")
-        ax.legend(loc="upper left", fontsize=8)
+        ax.set_ylabel("median µs")
+        ax.set_title(f"family {family}: duration against M — {ix.metric.plot_label}")
+        _legend_outside(fig, ax, "right")
         yield Plot(f"sweep-{family}-duration", f"family {family}: duration against M", fig)
 
         compared = [a for a in ix.arms if any(ix.ratio(f.name, a) for f in fixtures)]
         if not compared:
             continue
-        fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+        fig = Figure(figsize=(7.6, 3.6), layout="constrained")
         ax = fig.add_subplot()
         ax.axhline(1.0, color="0.4", linewidth=1)
         for arm in compared:
@@ -158,10 +162,19 @@ def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
             err = [[r.median - r.low for _, r in pts], [r.high - r.median for _, r in pts]]
             ax.errorbar(xs, med, yerr=err, marker="o", capsize=2, color=colors[arm], label=f"{ix.ref} / {arm}")
         _log2_m_axis(ax, ms)
-        ax.set_ylabel(f"speedup over {ix.ref} (median, range over rounds)")
-        ax.set_title(f"family {family}: speedup against M")
-        ax.legend(loc="best", fontsize=8)
+        ax.set_ylabel(f"speedup over {ix.ref} (×)")
+        ax.set_title(f"family {family}: speedup against M (median; bars: range over rounds)")
+        _legend_outside(fig, ax, "right")
         yield Plot(f"sweep-{family}-speedup", f"family {family}: speedup against M", fig)
+
+
+def _legend_outside(fig: Figure, ax, where: str = "below") -> None:
+    """The axes' legend outside them (right of them, or below), so it covers no data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if where == "right":
+        fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    else:
+        fig.legend(handles, labels, loc="outside lower center", fontsize=8)
 
 
 def _log2_m_axis(ax, ms: list[int]) -> None:
@@ -203,8 +216,16 @@ class WrittenPlot:
     paths: tuple[Path, ...]  # one per format, PNG first
 
 
+def plot_filename(prefix: str, name: str, fmt: str) -> str:
+    """`stock-A8-samples.png`: a prefix is kept apart from the plot's name by a `-`, unless it
+    ends in a separator of its own (`run-`, `run_`, `run.`)."""
+    if prefix and not prefix.endswith(("-", "_", ".")):
+        prefix += "-"
+    return f"{prefix}{name}.{fmt}"
+
+
 def write_plots(ix: ResultIndex, out_dir: str | Path, prefix: str = "") -> list[WrittenPlot]:
-    """Every plot of the result into `out_dir` as `<prefix><name>.png` and `.svg`."""
+    """Every plot of the result into `out_dir` as `plot_filename(prefix, name, fmt)`, PNG and SVG."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -212,7 +233,7 @@ def write_plots(ix: ResultIndex, out_dir: str | Path, prefix: str = "") -> list[
         for plot in make_plots(ix):
             paths = []
             for fmt in FORMATS:
-                path = out_dir / f"{prefix}{plot.name}.{fmt}"
+                path = out_dir / plot_filename(prefix, plot.name, fmt)
                 plot.figure.savefig(path, format=fmt, dpi=150, metadata=METADATA[fmt])
                 paths.append(path)
             written.append(WrittenPlot(plot.title, tuple(paths)))

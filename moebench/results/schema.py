@@ -31,14 +31,12 @@ the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from moebench.results.determinism_records import DeterminismVerdict
+from moebench.results.plain import from_plain, to_plain  # noqa: F401  (the records' converters, used as S.*)
 
 SCHEMA_VERSION = 1
 FORMAT = "moebench.RunResult"
@@ -379,72 +377,3 @@ class RunResult:
     noise: dict[str, dict[str, float]] = field(default_factory=dict)
     determinism: tuple[DeterminismVerdict, ...] = ()
     sharding: Sharding | None = None  # a sweep sharded across ranks (moebench.distributed)
-
-
-# --- plain data <-> records ------------------------------------------------------------
-
-def to_plain(obj: Any) -> Any:
-    """Records to JSON-able dicts/lists, keeping only declared fields (no properties)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {str(k): to_plain(v) for k, v in obj.items()}
-    return obj
-
-
-def from_plain(cls: type, data: Any) -> Any:
-    """Build `cls` (a record type, or a typing form over records) from `to_plain` output.
-    Raises ValueError with a path on anything that does not fit."""
-    return _build(cls, data, cls.__name__ if isinstance(cls, type) else "value")
-
-
-def _build(tp: Any, data: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return data
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if data is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _build(arg, data, path)
-            except ValueError as err:
-                errors.append(str(err))
-        raise ValueError(errors[0] if errors else f"{path}: unexpected null")
-    if origin is tuple:
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a list")
-        (item, *_rest) = typing.get_args(tp)
-        return tuple(_build(item, v, f"{path}[{i}]") for i, v in enumerate(data))
-    if origin is dict or tp is dict:
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected an object")
-        args = typing.get_args(tp)
-        value_tp = args[1] if args else Any
-        return {k: _build(value_tp, v, f"{path}.{k}") for k, v in data.items()}
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected an object")
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in data:
-                kwargs[f.name] = _build(hints[f.name], data[f.name], f"{path}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{path}: missing field {f.name!r}")
-        return tp(**kwargs)
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise ValueError(f"{path}: expected a number")
-        return float(data)
-    if tp in (int, str, bool):
-        if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
-            raise ValueError(f"{path}: expected {tp.__name__}")
-        return data
-    raise ValueError(f"{path}: unsupported type {tp!r}")

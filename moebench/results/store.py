@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from pathlib import Path
 
 from moebench.atomic_write import atomic_write
@@ -87,7 +88,7 @@ def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
         text = data.decode()
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, EOFError) as err:  # a folder, no permission, bad gzip, truncated
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as err:  # a folder, no permission, bad gzip, truncated
         raise UserError(f"{path}: cannot read: {err}") from None
     result = loads(text, str(path))
     if not trust_stored:

@@ -23,6 +23,7 @@ import re
 import threading
 
 from moebench.errors import UserError
+from moebench.failures import cupti_failure
 from moebench.timing.records import ActivityKinds, RecordBatch, parse_activities
 
 BUFFER_BYTES = 16 * 2**20
@@ -41,6 +42,10 @@ def load_cupti():
         raise UserError(f"CUPTI is unavailable ({type(err).__name__}: {err}); install cupti-python "
                         "matching the CUDA driver, or time with --timer events") from None
     return cupti
+
+
+def _no_callback(*args) -> None:
+    pass
 
 
 def _buffer_requested():
@@ -79,6 +84,9 @@ class CuptiTracer:
             if _active is not None:
                 raise RuntimeError("a CUPTI tracer is already active in this process")
             try:
+                # Another profiler (ncu, nsys) holds CUPTI's one subscriber slot: say so here, not
+                # as missing records later.
+                cupti.unsubscribe(cupti.subscribe(_no_callback, None))
                 if not _registered:
                     cupti.activity_register_callbacks(_buffer_requested, _buffer_completed)
                     _registered = True
@@ -86,8 +94,7 @@ class CuptiTracer:
                     cupti.activity_enable(kind)
             except cupti.cuptiError as err:
                 self._disable()
-                raise UserError(f"CUPTI refused activity tracing: {err}; is another profiler attached? "
-                                "(or time with --timer events)") from None
+                raise cupti_failure(err) from None
             _active = self
         if filter_api:
             self.api_filter = self._filter_api_to_launches()
