@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sweep(out: Path, gpus: str, ms: str, arms: str, *extra: str):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("TRITON_INTERPRET", None)
     done = subprocess.run([sys.executable, "-m", "moebench", "sweep", "--gpus", gpus, "--family", "Q", "--m", ms,
                            "--arms", arms, "--out", str(out), *extra], env=env, capture_output=True, text=True,

@@ -113,11 +113,11 @@ def test_variant_and_profile_on_the_gpu(tmp_path):
     from moebench.plan import RunRequest
     from moebench.profile import profile_arm
     from moebench.runner import run
-    req = RunRequest(shapes=("T8",), arms=("triton",), variants=("nopdl=triton:pdl=false",), rounds=2, samples=5,
+    req = RunRequest(shapes=("Q8",), arms=("triton",), variants=("nopdl=triton:pdl=false",), rounds=2, samples=5,
                      warmup=1, out_dir=str(tmp_path), measure_bandwidth=False)
     result, _ = run(req)
     assert result.settings.arms == ("triton", "nopdl") and result.audit.passed
     assert {a.name: a.identity.get("variant") for a in result.arms}["nopdl"] == {"of": "triton",
                                                                                "settings": {"pdl": False}}
-    p = profile_arm(RunRequest(shapes=("T8",), arms=("triton",)), calls=3)
+    p = profile_arm(RunRequest(shapes=("Q8",), arms=("triton",)), calls=3)
     assert p.parity[0].passed and p.calls == 3 and p.kernels
