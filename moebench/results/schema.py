@@ -10,7 +10,9 @@ Format history:
     intervals; equal to gpu_sum in every file written before PDL arms, whose kernels never
     overlap); RunResult.statistics_over: "audited samples" (summaries and ratios taken over the
     samples the audit passed), read as "all samples" for older files, whose statistics took
-    every sample.
+    every sample; RunResult.status (a run written after each round: complete or not, why not,
+    how many rounds are in, and what `run --resume` needs to finish it), read as complete for
+    older files.
 """
 
 from __future__ import annotations
@@ -264,6 +266,18 @@ class RatioSummary:
 
 
 @dataclass(frozen=True)
+class RunStatus:
+    """Whether the run finished. A run saves itself after every round, marked incomplete; an
+    interrupted one keeps the reason; `moebench run --resume` finishes it from `request`."""
+
+    complete: bool = True
+    reason: str = ""  # why an incomplete run stopped ("" when complete)
+    rounds_done: int | None = None  # rounds whose samples are in the file (None: all, older files)
+    request: dict[str, Any] | None = None  # the request as asked, while incomplete: what a resume plans again
+    resumed_at: tuple[int, ...] = ()  # the first round of each resumed stretch
+
+
+@dataclass(frozen=True)
 class RunResult:
     schema_version: int
     provenance: Provenance
@@ -279,6 +293,12 @@ class RunResult:
     format: str = FORMAT
     build_parity: tuple[BuildParity, ...] = ()
     statistics_over: str = ALL_SAMPLES  # which samples the summaries and ratios were taken over
+    status: RunStatus = field(default_factory=RunStatus)
+
+    @property
+    def rounds_done(self) -> int:
+        done = self.status.rounds_done
+        return self.settings.rounds if done is None else done
 
 
 # --- plain data <-> records ------------------------------------------------------------
