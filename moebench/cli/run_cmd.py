@@ -26,7 +26,8 @@ from moebench.cli.common import (
 )
 from moebench.kernels.arm import parse_arm_list
 from moebench.results.tables import findings_lines, make_console, print_tables
-from moebench.runner import RunFailed, RunRequest, run
+from moebench.errors import UserError
+from moebench.runner import RunFailed, RunInterrupted, RunRequest, resume, run
 from moebench.timing.flush import FLUSH_MODES
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
@@ -77,10 +78,14 @@ def _progress(console: Console, total: int):
 @pdl_option
 @max_fixture_gb_option
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
-              help="Folder the RunResult JSON is written to.")
-def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants, external_arms,
-                ref, rounds,
-                samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb, out_dir):
+              help="Folder the RunResult JSON is written to (after every round, marked incomplete until the last).")
+@click.option("--resume", "resume_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="Finish the incomplete run saved in FILE, in place, with its own settings (any option given "
+                   "beside it must be the file's): the remaining rounds only.")
+@click.pass_context
+def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
+                external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb, out_dir,
+                resume_path):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
@@ -91,11 +96,14 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                      build_host=build_host,
                      defines=tuple(defines), variants=tuple(variants), external_arms=tuple(external_arms),
                      max_fixture_gb=max_fixture_gb)
+    log, progress = lambda m: console.print(f"[dim]{m}[/]"), lambda total: _progress(console, total)
     try:
-        result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
-                           progress_factory=lambda total: _progress(console, total))
-    except RunFailed as err:
-        click.echo(f"moebench: error: {err}", err=True)
+        if resume_path is not None:
+            result, path = resume(resume_path, given=_given(ctx, req), log=log, progress_factory=progress)
+        else:
+            result, path = run(req, log=log, progress_factory=progress)
+    except (RunFailed, RunInterrupted) as err:
+        click.echo(f"moebench: {'error: ' if isinstance(err, RunFailed) else ''}{err}", err=True)
         raise click.exceptions.Exit(err.exit_code) from None
     print_tables(result, console)
     console.print(f"saved {path}")
@@ -105,3 +113,12 @@ def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                    f"{f', {a.dropped_records} records dropped' if a.dropped_records else ''}; first findings: "
                    + " | ".join(findings_lines(result, 3)), err=True)
         raise click.exceptions.Exit(1)
+
+
+def _given(ctx: click.Context, req: RunRequest) -> dict:
+    """The request fields named on the command line beside --resume (arm options by key)."""
+    from click.core import ParameterSource
+    named = {k for k in ctx.params if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE} - {"resume_path"}
+    if "out_dir" in named:
+        raise UserError("--resume finishes FILE where it is: --out does not apply")
+    return {k: req.arm_options[k] if k in req.arm_options else getattr(req, k) for k in named}
