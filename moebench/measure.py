@@ -145,25 +145,26 @@ def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBack
     recorder = timer.open(max(len(units) * protocol.samples, PROBE_SAMPLES))
     first_round = 1 if before is None else before.rounds_done + 1
 
-    def so_far(out: EngineOutput, bandwidth: float | None) -> Measurement:
+    bandwidth = None if before is None else before.read_bandwidth_bytes_per_s
+
+    def so_far(out: EngineOutput) -> Measurement:
         return _measurement(units, protocol, backend, recorder, out, bandwidth, before)
 
+    def saved(r: int, out: EngineOutput) -> None:
+        on_round_done(so_far(out))
+
     try:
-        if before is not None:
-            bandwidth = before.read_bandwidth_bytes_per_s
-        else:
-            bandwidth = _read_bandwidth(backend, recorder) if protocol.measure_bandwidth else None
-        hook = None
+        if before is None and protocol.measure_bandwidth:
+            bandwidth = _read_bandwidth(backend, recorder)
         if on_round_done is not None:
-            on_round_done(so_far(EngineOutput(), bandwidth))
-            hook = lambda r, out: on_round_done(so_far(out, bandwidth))  # noqa: E731
+            on_round_done(so_far(EngineOutput()))
         config = EngineConfig(protocol.rounds, protocol.samples, protocol.warmup, first_round)
         out = run_rounds(units, config, recorder, timer, flush=backend.flush, sync=backend.sync,
                          clocks=backend.clocks, markers=backend.markers, on_unit_done=on_unit_done,
-                         on_round_done=hook)
+                         on_round_done=saved if on_round_done is not None else None)
     finally:
         recorder.close()
-    return so_far(out, bandwidth)
+    return so_far(out)
 
 
 def _measurement(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBackend, recorder,

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from moebench.assemble import result_filename
 from moebench.results import schema as S
 from moebench.results.store import reserve_path, save
 
@@ -85,7 +86,6 @@ class PartialSaver:
 
     def _write(self, result: S.RunResult) -> None:
         if self.path is None:
-            from moebench.assemble import result_filename
             self.path = reserve_path(Path(self.out_dir) / result_filename(result))
         save(result, self.path)
 
