@@ -18,9 +18,10 @@ from moebench.timing.metrics import timed_metric
 
 
 def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, command: tuple[str, ...],
-             started_at: str, options: dict | None = None) -> S.RunResult:
+             started_at: str, options: dict | None = None, status: S.RunStatus | None = None) -> S.RunResult:
     """The RunResult of measurement `m` of `subjects`; `options` are the request's own settings
-    (arm options, builds, variants) to store beside the timer's."""
+    (arm options, builds, variants) to store beside the timer's; `status` says whether the
+    run is finished (moebench.partial: a run saves itself after every round)."""
     p = m.protocol
     summaries, ratios = summarize(m.audited_samples, subjects.shapes, subjects.arms, subjects.ref,
                                   subjects.hbm_bytes, m.read_bandwidth_bytes_per_s)
@@ -36,6 +37,7 @@ def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, comma
         fixtures=subjects.fixtures, arms=subjects.arm_infos, parity=subjects.parity, samples=m.samples,
         clocks=m.clocks, audit=m.audit, summaries=summaries, ratios=ratios, build_parity=subjects.build_parity,
         statistics_over=S.AUDITED_SAMPLES,
+        status=status or S.RunStatus(),  # complete (a dry-run cell has no rounds to count)
     )
 
 

@@ -29,7 +29,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.results.schema import Audit, ClockSample, DeclaredKernel, GpuInfo, Sample
-from moebench.timing.audit import audited
+from moebench.timing.audit import audited, combined
 from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Unit, run_rounds
 from moebench.timing.flush import FLUSH_MODES, L2Flush
 from moebench.timing.graphs import SAMPLERS, graph_timer, graph_units, learn_flush_kernels
@@ -133,6 +133,8 @@ class Measurement:
     inferred: frozenset[Key]  # units whose kernels were inferred from their samples
     read_bandwidth_bytes_per_s: float | None = None
     timer_settings: dict = field(default_factory=dict)  # e.g. the CUPTI API filter, records seen
+    rounds_done: int = 0  # the last round whose samples are in (protocol.rounds when finished)
+    api_records: int = 0  # API records the timer saw in the timed rounds
 
     @property
     def audited_samples(self) -> list[Sample]:
@@ -142,28 +144,60 @@ class Measurement:
 
 def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBackend, *,
             on_unit_done: Callable[[int, Unit, int], None] | None = None,
-            on_round_done: Callable[[int, EngineOutput], None] | None = None) -> Measurement:
+            on_round_done: Callable[[Measurement], None] | None = None,
+            before: Measurement | None = None) -> Measurement:
     """Time `units` in paired rounds under `protocol` (the bandwidth probe first, by the same
-    timer), then audit every sample against its unit's declared kernels."""
+    timer), then audit every sample against its unit's declared kernels.
+
+    `on_round_done` gets the measurement so far: once before the first round (the bandwidth
+    alone) and after each round, every sample audited. `before` is the measurement of the
+    rounds a resumed run already has: only the rounds after it are timed, its bandwidth is
+    kept, and what comes back (to the hook too) is the whole run's."""
     timer = backend.timer
     recorder = timer.open(max(len(units) * protocol.samples, PROBE_SAMPLES))
+    first_round = 1 if before is None else before.rounds_done + 1
+
+    bandwidth = None if before is None else before.read_bandwidth_bytes_per_s
+
+    def so_far(out: EngineOutput) -> Measurement:
+        return _measurement(units, protocol, backend, timer, recorder, out, bandwidth, before)
+
+    def saved(r: int, out: EngineOutput) -> None:
+        on_round_done(so_far(out))
+
     try:
-        bandwidth = _read_bandwidth(backend, recorder) if protocol.measure_bandwidth else None
+        if before is None and protocol.measure_bandwidth:
+            bandwidth = _read_bandwidth(backend, recorder)
         timed, flush = units, backend.flush
         if protocol.sampler == "graph":  # the flush goes into each unit's graph, ahead of the call
             timer = graph_timer(timer, learn_flush_kernels(backend, recorder))
             timed, flush = graph_units(units, backend), _no_flush
-        out = run_rounds(timed, EngineConfig(protocol.rounds, protocol.samples, protocol.warmup), recorder, timer,
-                         flush=flush, sync=backend.sync, clocks=backend.clocks, markers=backend.markers,
-                         on_unit_done=on_unit_done, on_round_done=on_round_done)
+        if on_round_done is not None:
+            on_round_done(so_far(EngineOutput()))
+        config = EngineConfig(protocol.rounds, protocol.samples, protocol.warmup, first_round)
+        out = run_rounds(timed, config, recorder, timer, flush=flush, sync=backend.sync, clocks=backend.clocks,
+                         markers=backend.markers, on_unit_done=on_unit_done,
+                         on_round_done=saved if on_round_done is not None else None)
     finally:
         recorder.close()
+    return so_far(out)
+
+
+def _measurement(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBackend, timer: TimerStrategy,
+                 recorder, out: EngineOutput, bandwidth: float | None, before: Measurement | None) -> Measurement:
+    """The Measurement of the rounds in `out`, after those of `before`, by `timer` (the graph
+    sampler's when --graph)."""
     declared, inferred = _declared(units, out.samples)
     audit = timer.audit(out.samples, declared, out.kernels, out.dropped_by_round)
+    samples, clocks, api_records = tuple(out.samples), tuple(out.clocks), out.api_records
+    if before is not None:
+        samples, clocks, api_records = before.samples + samples, before.clocks + clocks, before.api_records + api_records
+        audit = combined(before.audit, audit)
+    last = max(out.dropped_by_round, default=0 if before is None else before.rounds_done)
     return Measurement(protocol=protocol, timer=timer.name, metric=timer.metric, flush_bytes=backend.flush_bytes,
-                       samples=tuple(out.samples), audit=audit, clocks=tuple(out.clocks), declared=declared,
-                       inferred=inferred, read_bandwidth_bytes_per_s=bandwidth,
-                       timer_settings=timer.settings(recorder, out.api_records))
+                       samples=samples, audit=audit, clocks=clocks, declared=declared, inferred=inferred,
+                       read_bandwidth_bytes_per_s=bandwidth, timer_settings=timer.settings(recorder, api_records),
+                       rounds_done=last, api_records=api_records)
 
 
 def _no_flush() -> None:

@@ -4,13 +4,16 @@
     prepare (moebench.prepare) fixtures on the device, arms prepared, parity vs the oracle
     measure (moebench.measure) paired rounds, every sample audited
     assemble (moebench.assemble) statistics over the audited samples, the RunResult
-    save (moebench.results.store)
+    save (moebench.partial)      after every round, marked incomplete until the last
 
+`resume` finishes a saved partial run: the file's request planned and prepared again, held
+to the file (moebench.resume), and only the remaining rounds timed.
 The device comes in one TimingBackend, so the whole run also goes on the CPU in tests.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,15 +23,18 @@ from moebench.assemble import assemble, result_filename
 from moebench.errors import UserError
 from moebench.failures import RunFailed, gpu_memory_guard
 from moebench.kernels.registry import make_arms
-from moebench.measure import TimingBackend, cuda_backend, measure
+from moebench.measure import Measurement, TimingBackend, cuda_backend, measure
 from moebench.noise import with_noise
+from moebench.partial import PartialSaver, RunInterrupted, stop_signals
 from moebench.plan import RunRequest, plan_arms, resolve_specs, validate, with_default_arms
 from moebench.prepare import prepare
 from moebench.results import schema as S
-from moebench.results.provenance import utc_now
-from moebench.results.store import ensure_writable_dir, reserve_path, save
+from moebench.results.provenance import package_sha256, utc_now
+from moebench.results.store import ensure_writable_dir, load
+from moebench.resume import check_same, check_settings, earlier_measurement, request_plain, resumable_request
 
-__all__ = ["RunFailed", "RunRequest", "TimingBackend", "planned", "result_filename", "run", "run_options"]
+__all__ = ["RunFailed", "RunInterrupted", "RunRequest", "TimingBackend", "planned", "result_filename", "resume",
+           "run", "run_options"]
 
 
 def planned(req: RunRequest, backend: TimingBackend | None, log: Callable[[str], None]):
@@ -57,25 +63,74 @@ def run_options(req: RunRequest) -> dict:
 
 def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[[str], None] = lambda m: None,
         progress_factory=None) -> tuple[S.RunResult, Path]:
-    """The whole run. Returns the result and where it was saved. Raises UserError for a bad
-    request, RunFailed for a parity failure; an audit failure is in the result."""
+    """The whole run. Returns the result and where it was saved (written after every round,
+    marked incomplete until the last). Raises UserError for a bad request, RunFailed for a
+    parity failure, RunInterrupted on SIGINT or SIGTERM; an audit failure is in the result."""
+    asked = req
     req, plan = planned(req, backend, log)
     ensure_writable_dir(req.out_dir)
     started_at = utc_now()
-    if backend is None:
-        resolve_specs(req)  # bad shape names before touching the GPU
-        make_arms(req.arms, req.arm_options, plan.factories)
-        with gpu_memory_guard("allocating the L2 flush buffer"):
-            backend = cuda_backend(req.protocol)
+    backend = backend or _device_backend(req, plan)
     prep = prepare(req, plan, backend.device, log)
+
+    def make(m: Measurement, status: S.RunStatus) -> S.RunResult:
+        return _with_floors(req, assemble(m, prep.subjects, gpu=backend.gpu, command=req.command,
+                                          started_at=started_at, options=run_options(req), status=status))
+    saver = PartialSaver(make, request_plain(asked), out_dir=req.out_dir)
+    return _measured(req, prep.units, backend, saver, progress_factory), saver.path
+
+
+def resume(path: str | Path, backend: TimingBackend | None = None, *, given: dict | None = None,
+           log: Callable[[str], None] = lambda m: None, progress_factory=None) -> tuple[S.RunResult, Path]:
+    """Finish the partial run saved at `path`, in place: the same request, checked to give the
+    same fixtures, arms, GPU and settings as the file's (else one UserError line), then only
+    the rounds after the file's. `given`: request fields named again, which must match."""
+    path = Path(path)
+    old = load(path)
+    req, plan = planned(resumable_request(old, str(path), given), backend, log)
+    backend = backend or _device_backend(req, plan)
+    prep = prepare(req, plan, backend.device, log)
+    check_same(old, prep.subjects, backend.gpu, package_sha256(), str(path))
+    subjects = replace(prep.subjects, parity=old.parity, build_parity=old.build_parity)
+    before = earlier_measurement(old, req.protocol)
+
+    def make(m: Measurement, status: S.RunStatus) -> S.RunResult:
+        return _with_floors(req, assemble(m, subjects, gpu=old.provenance.gpu, command=old.provenance.command,
+                                          started_at=old.provenance.started_at, options=run_options(req),
+                                          status=status))
+    saver = PartialSaver(make, old.status.request, path=path, resumed_at=(*old.status.resumed_at, old.rounds_done + 1),
+                         check=lambda new: check_settings(old, new, str(path)))
+    return _measured(req, prep.units, backend, saver, progress_factory, before), path
+
+
+def _device_backend(req: RunRequest, plan) -> TimingBackend:
+    resolve_specs(req)  # bad shape names before touching the GPU
+    make_arms(req.arms, req.arm_options, plan.factories)
+    with gpu_memory_guard("allocating the L2 flush buffer"):
+        return cuda_backend(req.protocol)
+
+
+def _with_floors(req: RunRequest, result: S.RunResult) -> S.RunResult:
+    """The noise floors (an A/A pair's, a --noise-from file's) go into the finished file only:
+    a floor over some rounds is not the run's."""
+    return with_noise(result, req.aa_arm, req.noise_from) if result.status.complete else result
+
+
+def _measured(req: RunRequest, units, backend: TimingBackend, saver: PartialSaver, progress_factory,
+              before: Measurement | None = None) -> S.RunResult:
+    """Measure, saving after every round; a signal or an error leaves the last round's file
+    with the reason."""
     protocol = req.protocol
-    if progress_factory is not None:
-        with progress_factory(protocol.rounds * len(prep.units) * protocol.samples) as advance:
-            m = measure(prep.units, protocol, backend, on_unit_done=advance)
-    else:
-        m = measure(prep.units, protocol, backend)
-    result = assemble(m, prep.subjects, gpu=backend.gpu, command=req.command, started_at=started_at,
-                      options=run_options(req))
-    result = with_noise(result, req.aa_arm, req.noise_from)
-    path = save(result, reserve_path(Path(req.out_dir) / result_filename(result)))
-    return result, path
+    left = protocol.rounds - (before.rounds_done if before else 0)
+    with stop_signals():
+        try:
+            with gpu_memory_guard("timing the rounds"):
+                if progress_factory is not None:
+                    with progress_factory(left * len(units) * protocol.samples) as advance:
+                        m = measure(units, protocol, backend, on_unit_done=advance, on_round_done=saver,
+                                    before=before)
+                else:
+                    m = measure(units, protocol, backend, on_round_done=saver, before=before)
+            return saver.finish(m)
+        except BaseException as err:
+            raise saver.stopped(err) from None

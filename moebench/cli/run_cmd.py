@@ -24,10 +24,11 @@ from moebench.cli.common import (
     shapes_file_option,
     triton_config_option,
 )
+from moebench.errors import UserError
 from moebench.failures import audit_failure
 from moebench.kernels.registry import parse_arm_list
 from moebench.results.tables import findings_lines, make_console, print_tables
-from moebench.runner import RunFailed, RunRequest, run
+from moebench.runner import RunFailed, RunInterrupted, RunRequest, resume, run
 from moebench.timing.flush import FLUSH_MODES
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
@@ -89,21 +90,27 @@ def _progress(console: Console, total: int):
               help="Time the other arms when some fail the oracle (those are left out and reported); "
                    "without it such a failure stops the run before timing, exit 1.")
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
-              help="Folder the RunResult JSON is written to.")
-def run_command(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants, external_arms,
-                ref, rounds,
-                samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl, max_fixture_gb, keep_going,
-                out_dir):
+              help="Folder the RunResult JSON is written to (after every round, marked incomplete until the last).")
+@click.option("--resume", "resume_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="Finish the incomplete run saved in FILE, in place, with its own settings (any option given "
+                   "beside it must be the file's): the remaining rounds only.")
+@click.pass_context
+def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
+                external_arms, ref, rounds, samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl,
+                max_fixture_gb, keep_going, out_dir, resume_path):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
                       out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from, keep_going=keep_going)
+    log, progress = lambda m: console.print(f"[dim]{m}[/]"), lambda total: _progress(console, total)
     try:
-        result, path = run(req, log=lambda m: console.print(f"[dim]{m}[/]"),
-                           progress_factory=lambda total: _progress(console, total))
-    except RunFailed as err:
-        click.echo(f"moebench: error: {err}", err=True)
+        if resume_path is not None:
+            result, path = resume(resume_path, given=_given(ctx, req), log=log, progress_factory=progress)
+        else:
+            result, path = run(req, log=log, progress_factory=progress)
+    except (RunFailed, RunInterrupted) as err:
+        click.echo(f"moebench: {'error: ' if isinstance(err, RunFailed) else ''}{err}", err=True)
         raise click.exceptions.Exit(err.exit_code) from None
     print_tables(result, console)
     console.print(f"saved {path}")
@@ -125,3 +132,13 @@ def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                       build_arm=build_arm, build_host=build_host, defines=tuple(defines), variants=tuple(variants),
                       external_arms=tuple(external_arms), max_fixture_gb=max_fixture_gb,
                       sampler="graph" if graph else "eager", **more)
+
+
+def _given(ctx: click.Context, req: RunRequest) -> dict:
+    """The request fields named on the command line beside --resume (arm options by key)."""
+    from click.core import ParameterSource
+    named = {k for k in ctx.params if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE} - {"resume_path"}
+    if "out_dir" in named:
+        raise UserError("--resume finishes FILE where it is: --out does not apply")
+    named = {"sampler" if k == "graph" else k for k in named}  # --graph is the request's sampler
+    return {k: req.arm_options[k] if k in req.arm_options else getattr(req, k) for k in named}

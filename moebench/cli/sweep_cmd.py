@@ -18,7 +18,7 @@ from moebench.plan import sweep_shapes
 from moebench.results.tables import make_console, print_tables
 
 # Every option of `moebench run` except --shape, which --family and --m replace.
-RUN_OPTIONS = [p for p in run_command.params if p.name not in ("shapes", "resume")]
+RUN_OPTIONS = [p for p in run_command.params if p.name not in ("shapes", "resume", "resume_path")]
 
 
 @cli.command("sweep", params=[

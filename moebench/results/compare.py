@@ -127,6 +127,10 @@ def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
     if a.schema_version != b.schema_version:
         raise UserError(f"{a_label} has schema_version {a.schema_version} and {b_label} "
                         f"{b.schema_version}: cannot compare across result formats")
+    for label, r in ((a_label, a), (b_label, b)):
+        if not r.status.complete:
+            raise UserError(f"{label} is incomplete ({r.rounds_done} of {r.settings.rounds} rounds, "
+                            f"{r.status.reason}): finish it with `moebench run --resume` before comparing")
     ia, ib = ResultIndex(a), ResultIndex(b)
     shapes = [s for s in a.settings.shapes if s in b.settings.shapes]
     for shape in shapes:

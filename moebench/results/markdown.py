@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from moebench.results.index import ResultIndex, mbytes, mib, percent, ratio, tb_per_s, us
 from moebench.results.schema import RunResult, Settings
-from moebench.results.tables import build_parity_by_arm, build_parity_text
+from moebench.results.tables import build_parity_by_arm, build_parity_text, incomplete_text
 from moebench.timing.metrics import timed_metric
 
 
@@ -67,6 +67,9 @@ def _title(ix: ResultIndex) -> str:
 
 def _warnings(ix: ResultIndex) -> str:
     lines = []
+    partial = incomplete_text(ix.result)
+    if partial:
+        lines.append(f"> **Incomplete:** {partial}.")
     audit = ix.result.audit
     if not audit.passed:
         lines.append(f"> **Audit failed:** {audit.samples_passed}/{audit.samples_total} samples passed, "

@@ -24,6 +24,8 @@ Format history:
     ClockSample.sm_mhz_start and .events (later, None and () in older files): the SM clock at the
     round's start, and the NVML clock-event reasons seen at its start or end; a round whose clock
     moved or that was power- or thermally capped is `throttled`.
+    RunResult.status (later, read as complete for older files): a run written after each round,
+    complete or not, why not, how many rounds are in, and what `run --resume` needs to finish it.
 
 These records are the types of every stage that makes them, not copies: the fixtures' Floors,
 the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
@@ -357,6 +359,18 @@ class Sharding:
 
 
 @dataclass(frozen=True)
+class RunStatus:
+    """Whether the run finished. A run saves itself after every round, marked incomplete; an
+    interrupted one keeps the reason; `moebench run --resume` finishes it from `request`."""
+
+    complete: bool = True
+    reason: str = ""  # why an incomplete run stopped ("" when complete)
+    rounds_done: int | None = None  # rounds whose samples are in the file (None: all, older files)
+    request: dict[str, Any] | None = None  # the request as asked, while incomplete: what a resume plans again
+    resumed_at: tuple[int, ...] = ()  # the first round of each resumed stretch
+
+
+@dataclass(frozen=True)
 class RunResult:
     schema_version: int
     provenance: Provenance
@@ -377,3 +391,10 @@ class RunResult:
     noise: dict[str, dict[str, float]] = field(default_factory=dict)
     determinism: tuple[DeterminismVerdict, ...] = ()
     sharding: Sharding | None = None  # a sweep sharded across ranks (moebench.distributed)
+    status: RunStatus = field(default_factory=RunStatus)
+
+    @property
+    def rounds_done(self) -> int:
+        done = self.status.rounds_done
+        return self.settings.rounds if done is None else done
+

@@ -43,6 +43,15 @@ def audit_line(result: RunResult) -> str:
     return f"audit {state}: {a.samples_passed}/{a.samples_total} samples audited{drops}"
 
 
+def incomplete_text(result: RunResult) -> str | None:
+    """What a partial result is (None for a finished run): rounds done, why it stopped."""
+    st = result.status
+    if st.complete:
+        return None
+    return (f"{result.rounds_done} of {result.settings.rounds} rounds done, {st.reason or 'no reason given'}; "
+            f"`moebench run --resume FILE` finishes it")
+
+
 def build_parity_text(p: BuildParity | None, arm: str, result: RunResult) -> str:
     """A build's output against the base build's: 'bitwise equal' or the largest difference."""
     if p is None:
@@ -167,6 +176,9 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
         console.print(determinism_table(result.determinism))
         if not result.samples:  # verdicts alone (`verify --determinism --out`)
             return
+    partial = incomplete_text(result)
+    if partial:
+        console.print(f"[bold yellow]INCOMPLETE: {partial}[/]", highlight=False)
     console.print(summary_table(result))
     ratios = ratio_table(result)
     if ratios is not None:

@@ -4,7 +4,8 @@ A file can be edited, truncated by hand or written by a bug; a report that trust
 summaries would print whatever it holds. So on load every summary and ratio is recomputed
 from the samples by the same named functions the run used, the samples are checked against
 the settings (shapes, arms, rounds, indices) and against the kernels their arm declares, and
-the audit's counts against the samples. The statistics are recomputed over the samples the
+the audit's counts against the samples. A file of a run still going, or stopped, holds only
+the rounds its status says are done, and its statistics are over those. The statistics are recomputed over the samples the
 file says they were taken over (`statistics_over`: the audited ones, or every one in files
 written before that rule). Each problem names the field.
 """
@@ -34,6 +35,8 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
         out.append("settings: no shapes or no arms")
     if s.ref not in s.arms:
         out.append(f"settings.ref {s.ref!r} is not one of the arms")
+    out += _status(result)
+    rounds = max(0, min(result.rounds_done, s.rounds))
     for f in result.fixtures:
         if f.floors.hbm_bytes <= 0 or f.floors.flops <= 0:
             out.append(f"fixtures[{f.name}].floors: HBM bytes and FLOPs must be positive")
@@ -44,8 +47,8 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
         where = f"samples[{i}] ({x.shape} {x.arm} round {x.round})"
         if x.shape not in shapes or x.arm not in arms:
             out.append(f"{where}: shape or arm not in the settings")
-        if not 1 <= x.round <= s.rounds or not 0 <= x.index < s.samples:
-            out.append(f"{where}: round or index outside the settings ({s.rounds} rounds x {s.samples} samples)")
+        if not 1 <= x.round <= rounds or not 0 <= x.index < s.samples:
+            out.append(f"{where}: round or index outside the settings ({rounds} rounds x {s.samples} samples)")
         if x.events_ns is not None:
             bad = x.events_ns <= 0
         else:
@@ -94,6 +97,17 @@ def _sharding(result: RunResult) -> list[str]:
     if sh.dry_run and result.samples:
         out.append("sharding: a dry run holds samples")
     return out
+
+
+def _status(result: RunResult) -> list[str]:
+    st, rounds = result.status, result.settings.rounds
+    if st.rounds_done is not None and not 0 <= st.rounds_done <= rounds:
+        return [f"status.rounds_done {st.rounds_done} is outside 0-{rounds}"]
+    if st.complete and st.rounds_done not in (None, rounds):
+        return [f"status: complete, but {st.rounds_done} of {rounds} rounds done"]
+    if not st.complete and st.rounds_done is None:
+        return ["status: incomplete, with no rounds_done"]
+    return []
 
 
 def _statistics(result: RunResult, samples) -> list[str]:

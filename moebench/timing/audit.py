@@ -158,3 +158,15 @@ def audited(samples: Sequence[Sample], audit: Audit) -> list[Sample]:
     failed = {(f.shape, f.arm, f.round, f.index) for f in audit.findings if f.index >= 0}
     bad_rounds = {f.round for f in audit.findings if f.index < 0}
     return [s for s in samples if s.round not in bad_rounds and (s.shape, s.arm, s.round, s.index) not in failed]
+
+
+def combined(first: Audit, later: Audit) -> Audit:
+    """The audit of two stretches of one run's rounds (a run and its resume) as one audit of
+    all of them would read: the rounds with dropped records first, then the samples' findings
+    in sample order. Every check is of one sample within its own round, so the parts add up."""
+    findings = first.findings + later.findings
+    by_round = sorted((f for f in findings if f.index < 0), key=lambda f: f.round)
+    return Audit(samples_total=first.samples_total + later.samples_total,
+                 samples_passed=first.samples_passed + later.samples_passed,
+                 dropped_records=first.dropped_records + later.dropped_records,
+                 findings=tuple(by_round) + tuple(f for f in findings if f.index >= 0))

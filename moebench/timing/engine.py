@@ -10,7 +10,8 @@ is pushed, so their kernels are never part of a sample.
 
 The loop knows nothing of CUDA: the recorder, timer strategy, flush, sync, clocks and markers
 are passed in, so tests drive it on the CPU with a fake recorder that emits synthetic records.
-`on_round_done` sees the output after every round (a place to save partial results).
+`on_round_done` sees the output after every round (a place to save partial results); a run
+resumed after round k starts at `first_round` k+1 with the external ids it would have had.
 """
 
 from __future__ import annotations
@@ -79,10 +80,13 @@ class EngineConfig:
     rounds: int = 5
     samples: int = 30
     warmup: int = 5
+    first_round: int = 1  # a resumed run starts after its last saved round (rounds + 1: none left)
 
     def __post_init__(self):
         if self.rounds < 1 or self.samples < 1 or self.warmup < 0:
             raise ValueError("rounds and samples must be >= 1, warmup >= 0")
+        if not 1 <= self.first_round <= self.rounds + 1:
+            raise ValueError("first_round must be in 1..rounds + 1")
 
 
 @dataclass
@@ -104,17 +108,18 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, 
                on_unit_done: Callable[[int, Unit, int], None] | None = None,
                on_round_done: Callable[[int, EngineOutput], None] | None = None,
                first_external_id: int = 1) -> EngineOutput:
-    """Time every unit `config.samples` times per round. Units of one shape are paired:
-    they run back to back, forward in odd rounds and reversed in even ones; shapes keep
-    the order they first appear in `units`."""
+    """Time every unit `config.samples` times per round, rounds `config.first_round` to
+    `config.rounds`. Units of one shape are paired: they run back to back, forward in odd
+    rounds and reversed in even ones; shapes keep the order they first appear in `units`.
+    Round r's samples take the external ids they would in a run from round 1."""
     markers = markers or NoMarkers()
     shapes: dict[str, list[Unit]] = {}
     for u in units:
         shapes.setdefault(u.shape, []).append(u)
     out = EngineOutput()
-    next_id = first_external_id
     n_samples, n_warmup = config.samples, config.warmup
-    for r in range(1, config.rounds + 1):
+    next_id = first_external_id + (config.first_round - 1) * len(units) * n_samples
+    for r in range(config.first_round, config.rounds + 1):
         visits: list[tuple[int, Unit, int]] = []  # (external id, unit, index)
         start_clocks = clocks(r) if clocks is not None else None
         markers.push(f"round {r}")
