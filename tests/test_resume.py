@@ -301,7 +301,7 @@ def test_on_the_gpu_a_killed_run_is_resumed(tmp_path):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "moebench", "run", "--shape", "A8", "--arms", "triton", "--rounds", "60",
             "--samples", "20", "--warmup", "2", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
     while True:

@@ -3,6 +3,8 @@
 A tiny torch "arm" (two elementwise kernels) goes through the same engine and audit as
 `moebench run`."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -26,39 +28,51 @@ def tiny_unit(shape="T", arm="torch2", n=1 << 22):
     return Unit(shape, arm, run, reset=lambda: c.zero_(), kernels=DECL)
 
 
-class _Out:
-    """The measurement as the engine's output used to read: samples, every kernel, clocks."""
-
-    def __init__(self, m, kernels):
-        self.samples, self.clocks, self.kernels = m.samples, m.clocks, kernels
-
-
 def time_tiny(flush="read", timer="cupti", rounds=2, samples=10):
+    """The tiny unit timed by the real backend, counting the flushes and resets that ran
+    around its samples (their kernels must be in none of them)."""
     protocol = TimingProtocol(rounds, samples, 2, flush, timer, measure_bandwidth=False)
     backend = cuda_backend(protocol)
-    units = [tiny_unit(arm="one"), tiny_unit(arm="two")]
+    ran = {"flush": 0, "reset": 0}
+    real_flush = backend.flush
+
+    def counted_flush():
+        ran["flush"] += 1
+        real_flush()
+    backend = replace(backend, flush=counted_flush)
+    units = []
+    for arm in ("one", "two"):
+        u = tiny_unit(arm=arm)
+        real_reset = u.reset
+
+        def counted_reset(real_reset=real_reset):
+            ran["reset"] += 1
+            real_reset()
+        units.append(replace(u, reset=counted_reset))
     seen = []
-    m = measure(units, protocol, backend, on_round_done=lambda r, out: seen.append(out))
-    return backend, _Out(m, seen[-1].kernels if seen else []), m.audit
+    m = measure(units, protocol, backend, on_round_done=seen.append)
+    assert seen and seen[-1].rounds_done == rounds  # the hook saw the finished measurement
+    return backend, m, m.audit, ran
 
 
 @pytest.mark.parametrize("flush", ["read", "write", "none"])
 def test_cupti_samples_hold_exactly_their_kernels(flush):
-    backend, out, audit = time_tiny(flush)
+    backend, out, audit, ran = time_tiny(flush)
     assert audit.passed, audit.findings[:3]
     assert audit.samples_total == 2 * 2 * 10 and audit.dropped_records == 0
     for s in out.samples:
         assert "_add" in s.kernels[0].name
         assert 0 < s.gpu_sum_ns <= s.gpu_span_ns
-    # the flush and reset kernels were traced but are in no sample
-    assert len(out.kernels) > sum(len(s.kernels) for s in out.samples)
+    # a reset (and, but for --flush none, a flush) ran before every sample; their kernels are in none
+    assert ran["reset"] >= len(out.samples) and (flush == "none" or ran["flush"] >= len(out.samples))
+    assert all(len(s.kernels) == 2 for s in out.samples)  # the add and the mul alone
     assert len(out.clocks) == 2
     assert backend.flush_bytes == (0 if flush == "none" else max(256 * 2**20, 2 * backend.gpu.l2_bytes))
 
 
 def test_cold_read_is_slower_than_warm():
     def median_sum(flush):
-        _, out, audit = time_tiny(flush, samples=20)
+        _, out, audit, _ = time_tiny(flush, samples=20)
         assert audit.passed
         vals = sorted(s.gpu_sum_ns for s in out.samples)
         return vals[len(vals) // 2]
@@ -67,13 +81,13 @@ def test_cold_read_is_slower_than_warm():
 
 
 def test_events_timer():
-    _, out, audit = time_tiny(timer="events")
+    _, out, audit, _ = time_tiny(timer="events")
     assert audit.passed and all(s.events_ns > 0 and not s.kernels for s in out.samples)
 
 
 def test_tracer_restarts_in_one_process():
     for _ in range(2):
-        _, _, audit = time_tiny(rounds=1, samples=3)
+        _, _, audit, _ = time_tiny(rounds=1, samples=3)
         assert audit.passed
 
 
