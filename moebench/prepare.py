@@ -23,6 +23,7 @@ from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
 from moebench.kernels.registry import make_arms
 from moebench.kernels.builds import compare_outputs
+from moebench.kernels.cuda_build import CudaBuildError
 from moebench.kernels.parity import References, check_parity
 from moebench.plan import ArmPlan, RunRequest, resolve_specs
 from moebench.results import schema as S
@@ -81,7 +82,10 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         for arm in arms:
             log(f"{spec.name}: preparing {arm.name}")
             with gpu_memory_guard(f"preparing {arm.name} at {spec.name}", size, device):
-                call = arm.prepare(fx)
+                try:
+                    call = arm.prepare(fx)
+                except CudaBuildError as err:  # a build's source NVRTC rejects: one line, the log saved
+                    raise UserError(f"{arm.name} at {spec.name}: {err.one_line()}") from None
             par = check_parity(call, refs, spec.name)
             parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
                                   rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))

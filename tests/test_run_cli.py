@@ -218,3 +218,30 @@ def main_ok(argv) -> bool:
     except SystemExit as exc:
         return exc.code in (0, None)
     return True
+
+
+class _UnbuildableArm(_FakeArm):
+    """An arm whose kernel source NVRTC rejects, as a broken `--build` does."""
+
+    def prepare(self, fx):
+        from moebench.kernels.cuda_build import CudaBuildError
+        raise CudaBuildError("NVRTC failed to compile bad.cu for sm_90a: NVRTC_ERROR_COMPILATION\n"
+                             "bad.cu(1): error: expected a declaration\n  this is not CUDA;\n  ^\n")
+
+
+if "fake-unbuildable" not in ARMS:
+    add_arm("fake-unbuildable", type("fake-unbuildable", (_UnbuildableArm,), {"name": "fake-unbuildable"}))
+
+
+def test_a_source_nvrtc_rejects_stops_the_run_in_one_line_with_its_log_saved(tmp_path, monkeypatch):
+    from moebench.errors import UserError
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
+    req = RunRequest(shapes=("T8",), arms=("fake-ref", "fake-unbuildable"), rounds=1, samples=2, warmup=0,
+                     out_dir=str(tmp_path / "out"))
+    with pytest.raises(UserError) as err:
+        run(req, backend())
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("fake-unbuildable at T8: NVRTC failed to compile bad.cu")
+    assert "error: expected a declaration" in text and "full log: " in text
+    log = text.split("full log: ")[1]
+    assert "this is not CUDA" in open(log).read()
