@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from moebench.results.index import ResultIndex, mbytes, mib, percent, ratio, tb_per_s, us
+from moebench.results.roofline import shape_floors
+from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_rows
 from moebench.results.schema import RunResult, Settings
 from moebench.results.tables import build_parity_by_arm, build_parity_text, incomplete_text
 from moebench.timing.metrics import timed_metric
@@ -53,7 +55,7 @@ def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
         heading = f"### moebench determinism: {', '.join(result.settings.shapes)}"
         return "\n\n".join(p for p in (determinism_markdown(result.determinism, heading), _provenance(ix),
                                         _reproduce(ix)) if p) + "\n"
-    parts = [_title(ix), _warnings(ix), _summary_table(ix), method_sentence(result.settings),
+    parts = [_title(ix), _warnings(ix), _summary_table(ix), _sweep_floors(ix), method_sentence(result.settings),
              referee_markdown(result), determinism_markdown(result.determinism), _per_round_table(ix),
              _images(images), _provenance(ix), _reproduce(ix)]
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -100,6 +102,8 @@ def _summary_table(ix: ResultIndex) -> str:
     builds = build_parity_by_arm(ix.result)
     if builds:
         header.insert(8, f"output vs `{ix.result.build_parity[0].base}`")
+    header += FLOOR_HEADER
+    floors = shape_floors(ix.result)
     rows = []
     for shape in ix.shapes:
         for arm in ix.arms_at(shape):
@@ -115,8 +119,16 @@ def _summary_table(ix: ResultIndex) -> str:
             if builds:
                 cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))
             cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
-            rows.append(cells)
-    return _table(header, "llrrrrrrrr" + ("r" if builds else ""), rows)
+            rows.append(cells + floor_cells(floors, shape, s.median_ns))
+    note = floor_note(ix)
+    return _table(header, "llrrrrrrrr" + ("r" if builds else "") + "rrlr", rows) + (f"\n\n{note}." if note else "")
+
+
+def _sweep_floors(ix: ResultIndex) -> str:
+    """Per sweep family, the floors against M and each arm over the binding one."""
+    return "\n\n".join(f"Family {family}: floors against M (µs) and each arm's median over the binding floor:\n\n"
+                       + _table(header, "rl" + "rrl" + "r" * (len(header) - 5), rows)
+                       for family, header, rows in sweep_floor_rows(ix))
 
 
 def referee_markdown(result: RunResult) -> str:

@@ -2,8 +2,8 @@
 
 Per shape: each arm's samples by round with the round medians (rows) and the arm's
 median; the paired ratios per round around 1. For the run: each arm's bandwidth against
-the HBM floor. For a sweep (one family at several M): duration and speedup against M on
-a log2 axis. Figures are made without pyplot (no global state, no display needed) and
+the HBM floor. For a sweep (one family at several M): duration against M with the HBM and
+FP8 floors beside it, and speedup against M, on a log2 axis. Figures are made without pyplot (no global state, no display needed) and
 written with fixed metadata, so the same result gives the same files.
 """
 
@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from moebench.results.index import ResultIndex
+from moebench.results.roofline import FP8, floor_series
 
 FORMATS = ("png", "svg")
 STYLE = {
@@ -138,6 +139,9 @@ def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
             pts = [(m, s.median_ns / 1e3) for m, s in pts if s is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=colors[arm], label=arm)
+        for floor in floor_series(ix.result, fixtures):  # the crossover shows which limit binds at each M
+            ax.plot(floor.ms, floor.us, color="0.35", linewidth=1.2, label=floor.label,
+                    linestyle=":" if floor.kind == FP8 else "--")
         _log2_m_axis(ax, ms)
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))

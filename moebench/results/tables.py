@@ -9,7 +9,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from moebench.results.index import percent, us
+from moebench.results.index import ResultIndex, percent, us
+from moebench.results.roofline import shape_floors
+from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_tables
 from moebench.results.schema import BuildParity, RunResult
 from moebench.timing.metrics import timed_metric
 
@@ -70,8 +72,10 @@ def summary_table(result: RunResult) -> Table:
     """One row per (shape, arm): median of round medians, their range, span, bandwidth."""
     metric = timed_metric(result.settings.timer)
     note = "" if metric.reference else f" ({metric.plot_label})"
+    floors = shape_floors(result)
     t = Table(title="moebench run — durations in µs (median of round medians; n = samples)" + note,
-              title_justify="left", caption=timer_label(result), caption_justify="left")
+              title_justify="left", caption="\n".join(filter(None, (timer_label(result), floor_note(ResultIndex(result))))),
+              caption_justify="left")
     t.add_column("shape", style="bold", no_wrap=True)
     t.add_column("arm", no_wrap=True)
     t.add_column("median", justify="right", style="bold", no_wrap=True)
@@ -80,6 +84,8 @@ def summary_table(result: RunResult) -> Table:
     t.add_column("n", justify="right", no_wrap=True)
     t.add_column("floor TB/s", justify="right", no_wrap=True)
     t.add_column("% read BW", justify="right", no_wrap=True)
+    for col in FLOOR_HEADER:
+        t.add_column(col, justify="left" if col == "binding" else "right", no_wrap=True)
     last_shape = None
     for s in result.summaries:
         if last_shape is not None and s.shape != last_shape:
@@ -87,7 +93,7 @@ def summary_table(result: RunResult) -> Table:
         t.add_row(s.shape if s.shape != last_shape else "", s.arm, us(s.median_ns),
                   f"{us(s.min_ns)}–{us(s.max_ns)}", us(s.span_median_ns), str(s.samples),
                   "—" if s.hbm_bandwidth_bytes_per_s is None else f"{s.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
-                  percent(s.fraction_of_read_bandwidth, digits=0))
+                  percent(s.fraction_of_read_bandwidth, digits=0), *floor_cells(floors, s.shape, s.median_ns))
         last_shape = s.shape
     return t
 
@@ -180,6 +186,8 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     if partial:
         console.print(f"[bold yellow]INCOMPLETE: {partial}[/]", highlight=False)
     console.print(summary_table(result))
+    for table in sweep_floor_tables(ResultIndex(result)):
+        console.print(table)
     ratios = ratio_table(result)
     if ratios is not None:
         console.print(ratios)
