@@ -109,6 +109,25 @@ def referee_sentence(name: str) -> str:
     return referee_markdown(load(RESULTS / name)) + "\n"
 
 
+def determinism_rows() -> str:
+    """The determinism verdicts of every arm at the four reference shapes, one table, from the
+    four `verify --determinism` files (the rows `report --format markdown` draws for each)."""
+    rows = []
+    for shape in ("A8", "Q8", "A128", "Q128"):
+        text = moebench("report", f"results/h200/determinism-{shape}.json", "--format", "markdown")
+        lines = text.splitlines()
+        head = next(i for i, ln in enumerate(lines) if ln.startswith("| shape"))
+        if not rows:
+            rows += lines[head:head + 2]
+        rows += [ln for ln in lines[head + 2:] if ln.startswith("| ")]
+    return "\n".join(rows) + "\n"
+
+
+def file_text(name: str) -> str:
+    """A Markdown table a moebench command wrote under results/h200/fidelity/, as it is."""
+    return (RESULTS / "fidelity" / name).read_text()
+
+
 def sections() -> dict[str, str]:
     return {
         "swapab": swapab_sentence(),
@@ -124,6 +143,17 @@ def sections() -> dict[str, str]:
                            "results/h200/all-arms-after-fused-split.json.gz",
                            "--format", "markdown"),
         "flush": log_lines("flush.log", r"^add: median") + "\n" + flush_table(),
+        "house": moebench("compare", "results/h200/house-before.json.gz", "results/h200/all-arms.json",
+                          "--format", "markdown"),
+        "determinism": determinism_rows(),
+        "det-cost": moebench("report", "results/h200/det-cost.json", "--format", "summary"),
+        "ncu-offset": file_text("ncu-offset.md"),
+        "noise": moebench("report", "results/h200/noise-cuda-fused.json", "--format", "summary"),
+        "graph": moebench("compare", "results/h200/graph-vs-eager-eager.json.gz",
+                          "results/h200/graph-vs-eager-graph.json.gz", "--format", "markdown"),
+        "resume": log_lines("gpu-failures-c240692.log", r"^killed", r"INCOMPLETE", r"^resume rc",
+                            r"audit passed"),
+        "failures": log_lines("gpu-failures-c240692.log", r"^moebench: error", r"^rc="),
         "sweep-A": moebench("report", "results/h200/sweep-A.json.gz", "--format", "summary"),
         "sweep-Q": moebench("report", "results/h200/sweep-Q.json.gz", "--format", "summary"),
     }
