@@ -33,7 +33,7 @@ from moebench.fixtures import Fixture, derive
 from moebench.fixtures.tokens import append_tokens, take_tokens
 from moebench.kernels.arm import Arm, PreparedCall
 from moebench.kernels.registry import load_builtin_arms, make_arms
-from moebench.kernels.parity import poison
+from moebench.kernels.parity import run_poisoned
 from moebench.results.determinism_records import BatchRows, CrossProcess, DeterminismVerdict, RunToRun
 
 DEFAULT_RUNS = 20
@@ -97,13 +97,7 @@ def output_hash(t: torch.Tensor) -> str:
 
 def run_once(call: PreparedCall) -> torch.Tensor:
     """Poison, reset, run, and a host copy of the output."""
-    poison(call.output)
-    if call.reset is not None:
-        call.reset()
-    call.run()
-    if call.output.is_cuda:
-        torch.cuda.synchronize(call.output.device)
-    return call.output.detach().to("cpu", copy=True)
+    return run_poisoned(call).detach().to("cpu", copy=True)
 
 
 # ------------------------------------------------------------------------------ across processes

@@ -18,6 +18,22 @@ def need(cond: bool, msg: str) -> None:
         raise UserError(f"cuda-fused: {msg}")
 
 
+def check_plan(plan: RoutePlan, num_slots: int, E: int, bm: int) -> int:
+    """A route plan both fused paths can launch on: num_slots slots, int32 buffers, room for the
+    worst case at block_m `bm`. Returns its capacity in slots."""
+    need(plan.num_slots == num_slots, f"the plan has {plan.num_slots} slots, expected M*top_k = {num_slots}")
+    for name in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
+        t = getattr(plan, name)
+        need(t.dtype == torch.int32 and t.dim() == 1, f"plan.{name} must be a 1-D int32 tensor")
+    cap = plan.sorted_token_ids.numel()
+    want = plan_capacity(num_slots, E, bm)
+    need(cap >= want and cap % bm == 0,
+         f"plan.sorted_token_ids holds {cap} slots; the worst case needs {want} (a multiple of block_m={bm})")
+    need(plan.expert_ids.numel() >= cap // bm, f"plan.expert_ids holds {plan.expert_ids.numel()} blocks, needs {cap // bm}")
+    need(plan.num_tokens_post_padded.numel() >= 1, "plan.num_tokens_post_padded is empty")
+    return cap
+
+
 def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, out) -> dict:
     """Every check the kernel relies on, as one clear sentence each; returns the dimensions."""
     need(isinstance(weights, FusedWeights) and weights.layout == LAYOUT,
@@ -41,16 +57,7 @@ def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, o
     need(bm % 8 == 0 and 8 <= bm <= MAX_BLOCK_M, f"block_m={bm} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
     need(weights.cluster > 1 or bm <= MAX_BLOCK_M_ALONE,
          f"block_m={bm} with one CTA an item (cluster=1): at most {MAX_BLOCK_M_ALONE}")
-    need(plan.num_slots == M * top_k, f"the plan has {plan.num_slots} slots, expected M*top_k = {M * top_k}")
-    for name in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
-        t = getattr(plan, name)
-        need(t.dtype == torch.int32 and t.dim() == 1, f"plan.{name} must be a 1-D int32 tensor")
-    cap = plan.sorted_token_ids.numel()
-    want = plan_capacity(M * top_k, E, bm)
-    need(cap >= want and cap % bm == 0,
-         f"plan.sorted_token_ids holds {cap} slots; the worst case needs {want} (a multiple of block_m={bm})")
-    need(plan.expert_ids.numel() >= cap // bm, f"plan.expert_ids holds {plan.expert_ids.numel()} blocks, needs {cap // bm}")
-    need(plan.num_tokens_post_padded.numel() >= 1, "plan.num_tokens_post_padded is empty")
+    cap = check_plan(plan, M * top_k, E, bm)
     need(weights.cluster in CLUSTERS, f"weights.cluster={weights.cluster} must be one of {CLUSTERS}")
     need(weights.cluster * (cap // bm) < 2**31, "the plan is too large for one launch")
     if out is not None:

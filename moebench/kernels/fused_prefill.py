@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from moebench.fixtures import RoutePlan, plan_capacity
+from moebench.fixtures import RoutePlan
 from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K
+from moebench.kernels.fused_checks import check_plan
 from moebench.kernels.fused_checks import need as _need
 from moebench.kernels.fused_layout import FP8, GROUP
 
@@ -144,16 +145,7 @@ def validate_prefill(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weight
     top_k = topk_weights.shape[1]
     _need(1 <= top_k <= MAX_TOP_K, f"top_k={top_k} must be in [1, {MAX_TOP_K}]")
     _need(plan.block_m == BLOCK_M, f"the prefill path takes plans of block_m={BLOCK_M}, got {plan.block_m}")
-    _need(plan.num_slots == M * top_k, f"the plan has {plan.num_slots} slots, expected M*top_k = {M * top_k}")
-    for name in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
-        t = getattr(plan, name)
-        _need(t.dtype == torch.int32 and t.dim() == 1, f"plan.{name} must be a 1-D int32 tensor")
-    cap = plan.sorted_token_ids.numel()
-    want = plan_capacity(M * top_k, E, BLOCK_M)
-    _need(cap >= want and cap % BLOCK_M == 0,
-          f"plan.sorted_token_ids holds {cap} slots; the worst case needs {want} (a multiple of {BLOCK_M})")
-    _need(plan.expert_ids.numel() >= cap // BLOCK_M, f"plan.expert_ids holds {plan.expert_ids.numel()} blocks, needs {cap // BLOCK_M}")
-    _need(plan.num_tokens_post_padded.numel() >= 1, "plan.num_tokens_post_padded is empty")
+    check_plan(plan, M * top_k, E, BLOCK_M)
     _need(M * top_k * max(I, K) < 2**31, "the problem is too large for one launch")
     if out is not None:
         _need(out.dtype == torch.bfloat16 and tuple(out.shape) == (M, K), f"out must be bfloat16 [{M}, {K}]")

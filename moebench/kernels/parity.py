@@ -56,15 +56,21 @@ class References:
         return self._by_rounding[rounding]
 
 
-def check_parity(call: PreparedCall, refs: References, shape: str,
-                 threshold: float = REL_L2_THRESHOLD) -> Parity:
-    """Poison, reset, run once, compare with the oracle of the arm's roundings."""
+def run_poisoned(call: PreparedCall) -> torch.Tensor:
+    """The call once into a NaN-poisoned output (after its reset), finished: its output."""
     poison(call.output)
     if call.reset is not None:
         call.reset()
     call.run()
     if call.output.is_cuda:
         torch.cuda.synchronize(call.output.device)
+    return call.output
+
+
+def check_parity(call: PreparedCall, refs: References, shape: str,
+                 threshold: float = REL_L2_THRESHOLD) -> Parity:
+    """Poison, reset, run once, compare with the oracle of the arm's roundings."""
+    run_poisoned(call)
     result = compare(call.arm, shape, call.output, refs.get(call.oracle), threshold)
     exact = None
     if call.oracle != "exact" and not result.nonfinite:
