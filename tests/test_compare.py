@@ -15,7 +15,9 @@ from moebench.results.store import load, save
 from result_factory import make_result, run_cli, with_schema_version
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_RESULTS = sorted((ROOT / "results" / "h200").glob("*.json"))
+# Timed runs; a `verify --determinism` file holds verdicts and no samples (its own test below).
+H200_RESULTS = sorted(p for p in (ROOT / "results" / "h200").glob("*.json") if not p.name.startswith("determinism-"))
+H200_VERDICT_FILES = sorted((ROOT / "results" / "h200").glob("determinism-*.json"))
 
 
 def verdicts(comparison) -> dict[tuple[str, str], Verdict]:
@@ -403,3 +405,9 @@ def test_committed_gz_pair_end_to_end(tmp_path):
     assert code == 1 and err.startswith("moebench: regression: ")
     for shape in ("A8", "A128", "Q8", "Q128"):
         assert f"{shape}/cuda-fused +" in err
+
+
+@pytest.mark.parametrize("path", H200_VERDICT_FILES, ids=lambda p: p.name)
+def test_a_file_of_verdicts_alone_is_not_compared(path):
+    code, _out, err = run_cli(["compare", str(path), str(path)])
+    assert code == 2 and err.count("\n") <= 1 and "no shape and arm in common with audited samples" in err
