@@ -22,7 +22,9 @@ from moebench.results.store import load, loads, save
 from result_factory import make_result, run_cli, sweep_result
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_RESULTS = sorted((ROOT / "results" / "h200").glob("*.json"))
+# Timed runs; a `verify --determinism` file holds verdicts and no samples (its own test below).
+H200_RESULTS = sorted(p for p in (ROOT / "results" / "h200").glob("*.json") if not p.name.startswith("determinism-"))
+H200_VERDICT_FILES = sorted((ROOT / "results" / "h200").glob("determinism-*.json"))
 
 
 def _h200_params():
@@ -299,3 +301,13 @@ def test_report_ref_retakes_the_ratios_against_another_arm_of_the_run(tmp_path):
     assert "vs `cuda-swapab`" in out and "`cuda-swapab` (ref)" in out
     code, out, err = run_cli(["report", str(path), "--ref", "nope"])
     assert code == 2 and "not an arm of this run" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("path", H200_VERDICT_FILES, ids=lambda p: p.name)
+def test_a_file_of_verdicts_reports_its_table_and_draws_no_plot(path, tmp_path):
+    code, out, err = run_cli(["report", str(path), "--format", "markdown",
+                              "--output", str(tmp_path / "v.md"), "--plot", str(tmp_path / "img")])
+    assert code == 0, err
+    md = (tmp_path / "v.md").read_text()
+    assert "### moebench determinism:" in md and "cuda-fused-det" in md and "](img/" not in md
+    assert not list((tmp_path / "img").glob("*.png"))

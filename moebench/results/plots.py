@@ -202,7 +202,10 @@ PER_RUN: dict[str, Callable[[ResultIndex], Iterator[Plot]]] = {
 
 
 def make_plots(ix: ResultIndex) -> list[Plot]:
+    """Every plot of a timed result; none of one without timings (`verify --determinism`'s)."""
     plots: list[Plot] = []
+    if not ix.result.summaries:
+        return plots
     with matplotlib.rc_context(STYLE):
         for shape in ix.shapes:
             for make in PER_SHAPE.values():
