@@ -35,3 +35,22 @@ def compiled_triton():
     assert kernels_module().INTERPRETED is False
     yield
     use_interpreter(was)
+
+
+@pytest.fixture(scope="module")
+def interpreted_triton():
+    """The Triton kernels run by the CPU interpreter for a module's tests."""
+    from moebench.kernels.triton_arms import interpreter_requested, use_interpreter
+    was = interpreter_requested()
+    use_interpreter(True)
+    yield
+    use_interpreter(was)
+
+
+@pytest.fixture
+def sm90():
+    """Skips where the fused CUDA kernels cannot run (they need an sm_90 GPU, cuda-core and NVRTC)."""
+    from moebench.kernels.fused_arm import CudaFusedArm
+    reason = CudaFusedArm().unavailable_reason(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)

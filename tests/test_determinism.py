@@ -15,24 +15,16 @@ from moebench.determinism import ENGINE_NOTES, batch_sizes, check_arms, differen
 from moebench.determinism_result import determinism_result
 from moebench.fixtures import build_fixture, derive
 from moebench.fixtures.tokens import append_tokens, take_tokens
-from moebench.kernels import triton_arms
-from moebench.kernels.triton_arms import use_interpreter
 from moebench.results.determinism_records import RunToRun
 from moebench.results.store import dumps, load, loads, save
 from moebench.results.validate import problems
 from result_factory import make_result, run_cli
 
+pytestmark = pytest.mark.usefixtures("interpreted_triton")
+
 PLANTED = {name: f"{name}=determinism_planted:{cls}" for name, cls in (
     ("planted-clean", "PlantedClean"), ("planted-run-noise", "PlantedRunNoise"),
     ("planted-batch-rows", "PlantedBatchRows"), ("planted-process", "PlantedProcess"))}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreter():
-    was = triton_arms.interpreter_requested()
-    use_interpreter(True)
-    yield
-    use_interpreter(was)
 
 
 @pytest.fixture(scope="module")

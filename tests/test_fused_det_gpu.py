@@ -13,25 +13,18 @@ import pytest
 import torch
 
 from moebench.determinism import PROOF_RUNS, check_arms, check_batch, check_run_to_run, difference
-from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
+from moebench.fixtures import derive, fixture_reference, route_plan
 from moebench.fixtures.tokens import take_tokens
 from moebench.kernels.fused_arm import CudaFusedDetArm, make_fused_launch, prepare_fused_weights
 from moebench.kernels.parity import References, check_parity, compare
 from moebench.kernels.verify import edge_cases
 
-pytestmark = pytest.mark.gpu
+from gpu_fixtures import cuda_fixture
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]
 
 
-@pytest.fixture(autouse=True)
-def _needs_sm90():
-    reason = CudaFusedDetArm().unavailable_reason(torch.device("cuda"))
-    if reason:
-        pytest.skip(reason)
-
-
-@functools.lru_cache(maxsize=None)
-def fixture(name: str):
-    return build_fixture(ShapeRegistry().resolve(name)).to("cuda")
+fixture = cuda_fixture
 
 
 @functools.lru_cache(maxsize=None)

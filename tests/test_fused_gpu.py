@@ -12,25 +12,18 @@ import functools
 import pytest
 import torch
 
-from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
+from moebench.fixtures import build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, CudaFusedArm, fused_moe,
                                         make_fused_launch, prepare_fused_weights)
 from moebench.kernels.parity import References, check_parity, compare
 
-pytestmark = pytest.mark.gpu
+from gpu_fixtures import cuda_fixture
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]
 
 
-@pytest.fixture(autouse=True)
-def _needs_sm90():
-    reason = CudaFusedArm().unavailable_reason(torch.device("cuda"))
-    if reason:
-        pytest.skip(reason)
-
-
-@functools.lru_cache(maxsize=None)
-def fixture(name: str):
-    return build_fixture(ShapeRegistry().resolve(name)).to("cuda")
+fixture = cuda_fixture
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,14 +18,7 @@ from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import BLOCK_M, make_prefill_launch, prefill_weights
 from moebench.kernels.parity import References, check_parity, compare
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _needs_sm90():
-    reason = CudaFusedArm().unavailable_reason(torch.device("cuda"))
-    if reason:
-        pytest.skip(reason)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]
 
 
 @functools.lru_cache(maxsize=None)

@@ -27,6 +27,8 @@ from moebench.kernels.triton_arms import (STOCK_CONFIG, SWAPAB_DEFAULT_CONFIG, T
                                           swap_ab_selected, use_interpreter)
 from moebench.kernels.verify import edge_cases, verify_arms
 
+pytestmark = pytest.mark.usefixtures("interpreted_triton")
+
 MODEL_BOUND = 1e-3  # against stock_rounding_reference; the interpreter lands at 0
 ORACLE_BOUND = 5e-2  # against the oracle, see the module docstring
 
@@ -34,14 +36,6 @@ ORACLE_BOUND = 5e-2  # against the oracle, see the module docstring
 # scale group, BM 16 with swap-AB on (triton-swapab) or off (triton).
 WIDE_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 2,
                "num_warps": 4, "num_stages": 2}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreter():
-    was = triton_arms.interpreter_requested()
-    use_interpreter(True)
-    yield
-    use_interpreter(was)
 
 
 @pytest.fixture(scope="module")

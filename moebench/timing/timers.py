@@ -59,9 +59,9 @@ class TimerStrategy(Protocol):
     def settings(self, recorder: Recorder, api_records: int) -> dict: ...
 
 
-class KernelRecordTimer:
-    name = "cupti"
-    metric = KERNEL_RECORDS
+class _RecorderTimer:
+    """A timer whose recorder the backend makes (CUPTI's tracer, CUDA events)."""
+
     keeps_samples = True
 
     def __init__(self, open_recorder: Callable[[int], Recorder]):
@@ -69,6 +69,11 @@ class KernelRecordTimer:
 
     def open(self, capacity: int) -> Recorder:
         return self._open(capacity)
+
+
+class KernelRecordTimer(_RecorderTimer):
+    name = "cupti"
+    metric = KERNEL_RECORDS
 
     def round_records(self, round_: int, visits: Sequence[Visit], batch: RecordBatch) -> RoundRecords:
         tagged = tag_kernels(batch)
@@ -85,16 +90,9 @@ class KernelRecordTimer:
         return {"api_filter": getattr(recorder, "api_filter", None), "api_records": api_records}
 
 
-class EventTimer:
+class EventTimer(_RecorderTimer):
     name = "events"
     metric = EVENT_INTERVALS
-    keeps_samples = True
-
-    def __init__(self, open_recorder: Callable[[int], Recorder]):
-        self._open = open_recorder
-
-    def open(self, capacity: int) -> Recorder:
-        return self._open(capacity)
 
     def round_records(self, round_: int, visits: Sequence[Visit], batch: RecordBatch) -> RoundRecords:
         return RoundRecords([Sample(u.shape, u.arm, round_, i, 0, (), batch.events_ns.get(ext, 0))
