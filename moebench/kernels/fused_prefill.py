@@ -145,7 +145,7 @@ def validate_prefill(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weight
     top_k = topk_weights.shape[1]
     _need(1 <= top_k <= MAX_TOP_K, f"top_k={top_k} must be in [1, {MAX_TOP_K}]")
     _need(plan.block_m == BLOCK_M, f"the prefill path takes plans of block_m={BLOCK_M}, got {plan.block_m}")
-    check_plan(plan, M * top_k, E, BLOCK_M)
+    cap = check_plan(plan, M * top_k, E, BLOCK_M)
     _need(M * top_k * max(I, K) < 2**31, "the problem is too large for one launch")
     if out is not None:
         _need(out.dtype == torch.bfloat16 and tuple(out.shape) == (M, K), f"out must be bfloat16 [{M}, {K}]")
