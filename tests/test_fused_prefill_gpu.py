@@ -78,6 +78,17 @@ def test_parity_through_the_arm(family, M):
     assert p.passed, f"{family}{M}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 
 
+@pytest.mark.parametrize("family, M, forced", [("A", 512, None), ("A", 256, None), ("Q", 512, "grouped")])
+def test_the_grouped_band_runs_the_swap_ab_gemms_under_the_arm(family, M, forced):
+    fx = at(family, M, seed=60 + M)
+    call = CudaFusedArm(path=forced).prepare(fx)
+    assert call.arm == "cuda-fused" and call.identity["path"] == "grouped"
+    assert call.identity["kernels_of"] == "cuda-swapab" and call.identity["path_rule"]["chosen_by"] == (forced or "auto")
+    assert [k.pattern for k in call.kernels] == ["moe_grouped_gemm1", "moe_swiglu_quant", "moe_grouped_gemm2"]
+    p = check_parity(call, References(fx), f"{family}{M}-grouped")
+    assert p.passed, f"{family}{M}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+
+
 def test_decode_sized_calls_keep_the_decode_kernel():
     call = CudaFusedArm().prepare(build_fixture(ShapeRegistry().resolve("Q8")).to("cuda"))
     assert call.identity["path"] == "decode" and call.kernels_per_sample == 1

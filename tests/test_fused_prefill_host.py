@@ -153,12 +153,13 @@ def test_down_tiles_cover_every_output_column_once(K):
 
 
 @pytest.mark.parametrize("name, path", [("A8", "decode"), ("A128", "decode"), ("Q8", "decode"), ("Q128", "decode"),
-                                        ("A256", "decode"), ("Q256", "decode"), ("Q512", "prefill"), ("A512", "prefill"), ("A4096", "prefill"), ("Q1024", "prefill"),
+                                        ("A256", "grouped"), ("A512", "grouped"), ("A1024", "prefill"),
+                                        ("Q256", "decode"), ("Q512", "prefill"), ("A4096", "prefill"), ("Q1024", "prefill"),
                                         ("Q16384", "prefill")])
 def test_the_path_rule_at_the_fixtures(name, path):
     spec = ShapeRegistry().resolve(name)
     ids, _ = fixture_routes(spec)
-    assert choose_path(ids.numel(), int(torch.unique(ids).numel())) == path
+    assert choose_path(ids.numel(), int(torch.unique(ids).numel()), spec.K) == path
 
 
 def test_the_path_rule_threshold():
@@ -168,11 +169,25 @@ def test_the_path_rule_threshold():
     assert choose_path(1, 0) == "decode"
 
 
+def test_the_grouped_band_needs_a_wide_hidden_size():
+    low, high = fused_prefill.GROUPED_SLOTS_PER_EXPERT
+    wide, narrow = fused_prefill.GROUPED_MIN_K, fused_prefill.GROUPED_MIN_K - 128
+    assert choose_path(int(100 * low), 100, wide) == "grouped"
+    assert choose_path(int(100 * low) - 1, 100, wide) == "decode"
+    assert choose_path(int(100 * high) - 1, 100, wide) == "grouped"
+    assert choose_path(int(100 * high), 100, wide) == "prefill"
+    assert choose_path(int(100 * high) - 1, 100, narrow) == "prefill"  # Q's K = 2048 keeps the fused paths
+    assert choose_path(int(100 * low), 100, narrow) == "decode"
+
+
 def test_arm_path_options():
     assert CudaFusedArm().path == "auto"
     assert CudaFusedArm(path="prefill").path == "prefill"
     assert CudaFusedArm(block_m=16).path == "decode"  # a decode-kernel option picks that kernel
-    with pytest.raises(UserError, match="path='fast' must be one of auto, decode, prefill"):
+    assert CudaFusedArm(path="grouped").path == "grouped"
+    with pytest.raises(UserError, match="block_m set the decode kernel; path=grouped does not launch it"):
+        CudaFusedArm(path="grouped", block_m=8)
+    with pytest.raises(UserError, match="path='fast' must be one of auto, decode, grouped, prefill"):
         CudaFusedArm(path="fast")
     with pytest.raises(UserError, match="block_m, cluster set the decode kernel"):
         CudaFusedArm(path="prefill", block_m=8, cluster=4)

@@ -11,12 +11,14 @@ exchange, but one SM's bulk copies; an option, not the default); the grid is per
 many clusters as the GPU holds at once). The weight layout is fused_layout's, the launch
 arithmetic (shared memory, occupancy, ring depth, cluster placement) fused_policy's, the input
 checks fused_checks'; this module builds, launches and registers the arm. Calls whose experts
-average many tokens take fused_prefill's two FP8 wgmma kernels instead (`choose_path`; the
-call's identity says which path ran and why).
+average many tokens take fused_prefill's two FP8 wgmma kernels instead, and a band between the
+two (wide K, 8 to 24 slots an expert) the Swap-AB grouped GEMMs of cuda-swapab (`choose_path`;
+the call's identity says which path ran and why).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -29,7 +31,8 @@ from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K, validate  # noqa: F4
 from moebench.kernels.fused_checks import need as _need
 from moebench.kernels.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
                                            FusedWeights, prepare_fused_weights)
-from moebench.kernels.fused_prefill import MIN_TOKENS_PER_EXPERT, PATHS, choose_path, prepare_prefill_call
+from moebench.kernels.fused_prefill import (GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS,
+                                            choose_path, prepare_prefill_call)
 from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
                                            SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
@@ -247,10 +250,10 @@ class CudaFusedArm(Arm):
         self.max_clusters = max_clusters
         self.source = source or shipped_source()
         tuned = [k for k in ("block_m", "stages", "per_sm", "cluster", "max_clusters") if getattr(self, k) is not None]
-        if path == "prefill" and tuned:
-            raise UserError(f"cuda-fused: {', '.join(tuned)} set the decode kernel; path=prefill does not launch it")
-        if path == "prefill" and (source is not None or self.deterministic):
-            raise UserError(f"cuda-fused: path=prefill runs the wgmma kernels, not "
+        if path in ("prefill", "grouped") and tuned:
+            raise UserError(f"cuda-fused: {', '.join(tuned)} set the decode kernel; path={path} does not launch it")
+        if path in ("prefill", "grouped") and (source is not None or self.deterministic):
+            raise UserError(f"cuda-fused: path={path} runs other kernels, not "
                             f"{'a build of ' + SOURCE if source is not None else 'the deterministic build'}")
         # options of the decode kernel, a build of its source or the deterministic build choose
         # it (the prefill kernels reduce-add in hardware order); otherwise the route plan does
@@ -275,12 +278,18 @@ class CudaFusedArm(Arm):
         # Which kernels this call launches, from the route plan (fused_prefill.choose_path): the
         # wgmma prefill pair for large expert groups, the one-kernel decode path otherwise.
         routed = int(torch.unique(fx.topk_ids).numel())
-        path = choose_path(fx.M * s.top_k, routed) if self.path == "auto" else self.path
+        path = choose_path(fx.M * s.top_k, routed, s.K) if self.path == "auto" else self.path
+        rule = dict(chosen_by=self.path, routed_experts=routed, min_tokens_per_expert=MIN_TOKENS_PER_EXPERT,
+                    grouped_slots_per_expert=list(GROUPED_SLOTS_PER_EXPERT), grouped_min_K=GROUPED_MIN_K)
         if path == "prefill":
             call = prepare_prefill_call(self.name, fx)
-            call.identity["path_rule"] = dict(chosen_by=self.path, routed_experts=routed,
-                                              min_tokens_per_expert=MIN_TOKENS_PER_EXPERT)
+            call.identity["path_rule"] = rule
             return call
+        if path == "grouped":  # cuda-swapab's three kernels, under this arm's name
+            from moebench.kernels.cuda_arms import CudaSwapAbArm
+            call = CudaSwapAbArm().prepare(fx)
+            identity = {"path": "grouped", "path_rule": rule, "kernels_of": "cuda-swapab", **call.identity}
+            return dataclasses.replace(call, arm=self.name, identity=identity)
         bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
         if self.block_m is None and self.cluster == 1:
             bm = min(bm, MAX_BLOCK_M_ALONE)  # the default never picks a block one CTA cannot hold
@@ -294,8 +303,7 @@ class CudaFusedArm(Arm):
                                                       deterministic=self.deterministic)
         res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
-            "path": "decode", "path_rule": dict(chosen_by=self.path, routed_experts=routed,
-                                                min_tokens_per_expert=MIN_TOKENS_PER_EXPERT),
+            "path": "decode", "path_rule": rule,
             "kernel": KERNEL_NAME, "source": SOURCE, "layout": LAYOUT, "block_m": bm,
             "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "cluster": dims["cluster"],
             "threads": THREADS, "grid": list(dims["grid"]), "ctas_per_sm": dims["per_sm"],

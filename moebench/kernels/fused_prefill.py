@@ -36,12 +36,24 @@ STAGES = 4  # ring depth: 4 x 40 KB, plus the down kernel's output staging, fits
 # in blocks of 8, is faster. Both paths forced on the H200 (docs/kernels.md, 9947595): A256 (8.96 slots an
 # expert) decode 217 us, prefill 230; Q512 (10.0) prefill 130, decode 134.
 MIN_TOKENS_PER_EXPERT = 10.0
-PATHS = ("auto", "decode", "prefill")
+# A band where neither fused path is the fastest arm: wide hidden sizes at 8 to 24 slots an
+# expert, where the decode kernel's blocks of 8 take too many passes over K and the wgmma
+# path's blocks of 64 are mostly padding. There the arm runs the Swap-AB grouped GEMMs
+# (cuda-swapab's kernels). Measured in the sweeps of results/h200/sweep-{A,Q}.json: A256 (8.96
+# slots an expert) decode 217.8 us, grouped 212.3; A512 (17.9) prefill 277.3, grouped 232.3;
+# A1024 (35.9) prefill 293.4, grouped 363.1; Q512 (10.0, K = 2048) prefill 131.5, grouped 132.4.
+GROUPED_SLOTS_PER_EXPERT = (8.0, 24.0)
+GROUPED_MIN_K = 4096
+PATHS = ("auto", "decode", "grouped", "prefill")
 
 
-def choose_path(num_slots: int, routed_experts: int) -> str:
-    """The kernel family for a route plan: "prefill" where experts average at least
-    MIN_TOKENS_PER_EXPERT slots, else "decode"."""
+def choose_path(num_slots: int, routed_experts: int, K: int = 0) -> str:
+    """The kernels for a route plan: "grouped" in the band above, else "prefill" where experts
+    average at least MIN_TOKENS_PER_EXPERT slots, else "decode"."""
+    per_expert = num_slots / max(routed_experts, 1)
+    low, high = GROUPED_SLOTS_PER_EXPERT
+    if K >= GROUPED_MIN_K and low <= per_expert < high:
+        return "grouped"
     return "prefill" if num_slots >= MIN_TOKENS_PER_EXPERT * max(routed_experts, 1) else "decode"
 
 
