@@ -149,6 +149,7 @@ def sections() -> dict[str, str]:
         "det-cost": moebench("report", "results/h200/det-cost.json", "--format", "summary"),
         "ncu-offset": file_text("ncu-offset.md"),
         "noise": moebench("report", "results/h200/noise-cuda-fused.json", "--format", "summary"),
+        "aa-proof": (RESULTS / "aa-proof" / "summary.md").read_text(),
         "graph": moebench("compare", "results/h200/graph-vs-eager-eager.json.gz",
                           "results/h200/graph-vs-eager-graph.json.gz", "--format", "markdown"),
         "resume": log_lines("gpu-failures-c240692.log", r"^killed", r"INCOMPLETE", r"^resume rc",

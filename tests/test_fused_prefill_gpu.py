@@ -183,6 +183,16 @@ def test_parity_other_dims(name):
     assert_parity(fx, run_prefill(fx, poison=True), name)
 
 
+def test_small_prefill_for_the_sanitizers():
+    # The shape compute-sanitizer runs (memcheck and racecheck, docs/kernels.md): small enough to
+    # finish under racecheck, yet every mechanism of the path: chained K ranges over several
+    # chunks of one requant group's K, down in chunks, three CTAs walking many items each, a
+    # second launch after the first left its flags lowered, garbage intermediates.
+    fam, M, seed = OTHER_DIMS["U200 (K=640)"]
+    fx = build_fixture(ShapeSpec("U200", fam, M, seed=seed)).to("cuda")
+    assert_parity(fx, run_prefill(fx, poison=True, max_ctas=3, splits=2, chunk=1, times=2), "U200-sanitizers")
+
+
 # ------------------------------------------------------------------------------ the work cuts
 
 
