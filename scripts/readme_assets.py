@@ -20,7 +20,8 @@ DOCS = ROOT / "docs" / "h200"
 
 # Runs with a full report page (and plots) under docs/h200/.
 REPORTS = {"all-arms": "all-arms.json", "stock-referee": "stock-referee.json",
-           "sweep-A": "sweep-A.json.gz", "sweep-Q": "sweep-Q.json.gz"}
+           "sweep-A": "sweep-A.json.gz", "sweep-Q": "sweep-Q.json.gz",
+           "sweep-fused-A": "sweep-fused-A.json.gz", "sweep-fused-Q": "sweep-fused-Q.json.gz"}
 
 
 def moebench(*args: str) -> str:
@@ -101,6 +102,43 @@ def fused_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def fused_every_m() -> str:
+    """cuda-fused against the issue's bars over the two M sweeps: where it is the fastest arm, its
+    lead over the best stock arm at M <= 256, and its share of the FP8 peak at M >= 4096."""
+    sys.path.insert(0, str(ROOT))
+    from moebench.results.roofline import shape_floors
+    from moebench.results.store import load
+
+    lines = ["| family | fastest arm at | cuda-swapab's kernels (a tie) at | slower than another arm at | "
+             "vs `triton` at M ≤ 256 | share of dense FP8 peak at M ≥ 4096 |", "|---|---|---|---|--:|--:|"]
+    for family in ("A", "Q"):
+        r = load(RESULTS / f"sweep-fused-{family}.json.gz")
+        by = {(x.shape, x.arm): x.median_ns for x in r.summaries}
+        ms = {f.name: f.M for f in r.fixtures}
+        floors = shape_floors(r)
+        paths = {a.shape: a.identity.get("path") for a in r.arms if a.name == "cuda-fused"}
+        won, tied, lost, lead, share = [], [], [], [], []
+        for shape in r.settings.shapes:
+            fused = by[(shape, "cuda-fused")]
+            other_arm, other = min(((a, t) for (sh, a), t in by.items() if sh == shape and a != "cuda-fused"),
+                                   key=lambda x: x[1])
+            if paths[shape] == "grouped":
+                tied.append(f"{shape} ({fused / 1e3:.1f} against {by[(shape, 'cuda-swapab')] / 1e3:.1f} µs)")
+            elif fused < other:
+                won.append(shape)
+            else:
+                lost.append(f"{shape} ({paths[shape]}: {fused / 1e3:.1f} against `{other_arm}` {other / 1e3:.1f} µs)")
+            if ms[shape] <= 256:
+                lead.append(by[(shape, "triton")] / fused)
+            fl = floors[shape].fp8_floor_ns
+            if ms[shape] >= 4096 and fl:
+                share.append(fl / fused)
+        lines.append(f"| {family} | {len(won)} of {len(r.settings.shapes)} M | {', '.join(tied) or '—'} | "
+                     f"{', '.join(lost) or '—'} | {min(lead):.2f}× to {max(lead):.2f}× | "
+                     f"{min(share):.1%} to {max(share):.1%} |")
+    return "\n".join(lines) + "\n"
+
+
 def referee_sentence(name: str) -> str:
     """The stock arm against its referee in one committed run, as the Markdown report gives it."""
     sys.path.insert(0, str(ROOT))
@@ -150,6 +188,9 @@ def sections() -> dict[str, str]:
         "ncu-offset": file_text("ncu-offset.md"),
         "noise": moebench("report", "results/h200/noise-cuda-fused.json", "--format", "summary"),
         "aa-proof": (RESULTS / "aa-proof" / "summary.md").read_text(),
+        "fused-every-m": fused_every_m(),
+        "sweep-fused-A": moebench("report", "results/h200/sweep-fused-A.json.gz", "--format", "summary"),
+        "sweep-fused-Q": moebench("report", "results/h200/sweep-fused-Q.json.gz", "--format", "summary"),
         "graph": moebench("compare", "results/h200/graph-vs-eager-eager.json.gz",
                           "results/h200/graph-vs-eager-graph.json.gz", "--format", "markdown"),
         "resume": log_lines("gpu-failures-c240692.log", r"^killed", r"INCOMPLETE", r"^resume rc",
