@@ -36,7 +36,7 @@ def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, comma
         schema_version=S.SCHEMA_VERSION, provenance=provenance(command, started_at, gpu), settings=settings,
         fixtures=subjects.fixtures, arms=subjects.arm_infos, parity=subjects.parity, samples=m.samples,
         clocks=m.clocks, audit=m.audit, summaries=summaries, ratios=ratios, build_parity=subjects.build_parity,
-        statistics_over=S.AUDITED_SAMPLES,
+        statistics_over=S.AUDITED_SAMPLES, determinism=subjects.determinism,
         status=status or S.RunStatus(),  # complete (a dry-run cell has no rounds to count)
     )
 

@@ -11,7 +11,9 @@ Three checks per arm and fixture, each bitwise (BF16 bit patterns, so -0 and NaN
   across processes  the SHA-256 of the first run's output in a fresh Python process
                   (moebench.determinism_child) equals this one's.
 
-Untimed: nothing here measures speed. Verdicts are the frozen records of
+Untimed: nothing here measures speed. `moebench verify --determinism` prepares the arms for the
+checks (check_arms); `moebench run --determinism` runs them on the calls it times
+(check_prepared, from moebench.run_determinism). Verdicts are the frozen records of
 moebench.results.determinism_records, stored in a RunResult's `determinism` field and drawn by
 moebench.results.determinism_view.
 """
@@ -202,7 +204,20 @@ def check_arm(arm: Arm, fx: Fixture, *, runs: int = DEFAULT_RUNS, rows: tuple[in
     call = arm.prepare(fx)
     repeat, first = check_run_to_run(call, runs)
     identity = dict(call.identity)
-    del call
+    del call  # its buffers are not needed while the batches are prepared
+    return _verdict(arm, fx, repeat, first, identity, rows, seed)
+
+
+def check_prepared(arm: Arm, fx: Fixture, call: PreparedCall, *, runs: int = DEFAULT_RUNS,
+                   rows: tuple[int, ...] = BATCH_ROWS, seed: int | None = None) -> tuple[DeterminismVerdict, str]:
+    """check_arm on a call `arm` already prepared on fx (a timed run's own): the run-to-run
+    check runs that call; the batch check prepares the arm on the other batches."""
+    repeat, first = check_run_to_run(call, runs)
+    return _verdict(arm, fx, repeat, first, dict(call.identity), rows, seed)
+
+
+def _verdict(arm: Arm, fx: Fixture, repeat: RunToRun, first: torch.Tensor, identity: dict,
+             rows: tuple[int, ...], seed: int | None) -> tuple[DeterminismVerdict, str]:
     batch = check_batch(arm, fx, first, rows=rows, seed=seed)
     verdict = DeterminismVerdict(arm.name, fx.spec.name, fx.M, repeat, batch, None, ENGINE_NOTES.get(arm.name),
                                  identity)
@@ -215,9 +230,7 @@ def check_arms(fx: Fixture, names: list[str], *, options: dict | None = None, ex
     """One verdict per arm on fx. `external`: `NAME=module:factory` arms (as `--arm`), also
     made in the fresh process. Raises UserError if an arm cannot run on fx's device."""
     from moebench.kernels.registry import external_arm_factories
-    extra = external_arm_factories(external)
-    arms = make_arms(names, options, extra=extra)
-    factories = {**load_builtin_arms(), **extra}
+    arms = make_arms(names, options, extra=external_arm_factories(external))
     for arm in arms:
         reason = arm.unavailable_reason(fx.device)
         if reason:
@@ -225,10 +238,24 @@ def check_arms(fx: Fixture, names: list[str], *, options: dict | None = None, ex
     checked = [check_arm(arm, fx, runs=runs, rows=rows, seed=seed) for arm in arms]
     if not cross_process:
         return [v for v, _ in checked]
+    return across_processes(fx, checked, options=options, external=external, timeout_s=timeout_s)
+
+
+NOT_REMADE = "an arm of this run only (a build, variant or copy): not made again in a fresh process"
+
+
+def across_processes(fx: Fixture, checked: list[tuple[DeterminismVerdict, str]], *, options: dict | None = None,
+                     external: tuple[str, ...] = (), timeout_s: float = 900.0) -> list[DeterminismVerdict]:
+    """The verdicts of check_arm or check_prepared with the across-processes check filled in:
+    one fresh process for every arm it can make again (the built-in arms and `external`); the
+    others' check records why it did not run."""
+    from moebench.kernels.registry import external_arm_factories
+    factories = {**load_builtin_arms(), **external_arm_factories(external)}
     mine = {}
-    for arm in arms:
-        accepts = inspect.signature(factories[arm.name]).parameters
-        mine[arm.name] = {k: v for k, v in (options or {}).items() if k in accepts}
+    for v, _ in checked:
+        if v.arm in factories:
+            accepts = inspect.signature(factories[v.arm]).parameters
+            mine[v.arm] = {k: val for k, val in (options or {}).items() if k in accepts}
     there = cross_process_check(ChildRequest.for_fixture(fx, mine, tuple(external)),
-                                {v.arm: h for v, h in checked}, timeout_s=timeout_s)
-    return [replace(v, cross_process=there[v.arm]) for v, _ in checked]
+                                {v.arm: h for v, h in checked if v.arm in mine}, timeout_s=timeout_s) if mine else {}
+    return [replace(v, cross_process=there.get(v.arm) or CrossProcess(h, None, NOT_REMADE)) for v, h in checked]

@@ -29,6 +29,8 @@ from moebench.noise import check_noise_source, copy_factory, copy_label
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 from moebench.variants import parse_variant, variant_factory
 
+DETERMINISM_RUNS = 10  # `run --determinism`: a cheap check beside the timing (`verify --determinism` runs 20)
+
 
 @dataclass(frozen=True)
 class RunRequest:
@@ -57,6 +59,9 @@ class RunRequest:
     noise_from: str | None = None  # `--noise-from FILE`: copy the floors a noise run measured
     sampler: str = "eager"  # `--graph`: "graph", each sample a replayed CUDA graph of flush and call
     keep_going: bool = False  # arms failing the oracle are left out and the rest timed, not a stop
+    determinism: bool = False  # `--determinism`: each timed call's determinism verdicts, before timing
+    determinism_runs: int = DETERMINISM_RUNS  # runs of the same inputs in the run-to-run check
+    cross_process: bool = True  # with determinism: the output hash against a fresh process's
 
     @property
     def ref_arm(self) -> str:
@@ -116,6 +121,8 @@ def validate(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
     if req.ref is not None and req.ref not in req.arms:
         raise UserError(f"--ref {req.ref!r} is not one of the arms ({', '.join(req.arms)})")
     check_protocol(req.protocol, timers)
+    if req.determinism and req.determinism_runs < 2:
+        raise UserError(f"--determinism-runs must be at least 2, got {req.determinism_runs}")
     if req.noise_from:
         check_noise_source(req.noise_from, req.arms)
 

@@ -4,8 +4,10 @@ checked against the oracle, builds' outputs compared bit for bit. Untimed.
 An arm that fails parity is never timed: the run stops with every failure named, or with
 `keep_going` that arm is left out at that shape and the rest is timed (moebench.failures).
 Running out of GPU memory while moving a fixture, computing its oracle or preparing an arm is
-one line naming which and the fixture's size. What comes out is the timed units (moebench.measure) and the records a result keeps of what was timed
-(fixtures, arms with their declared kernels and identities, parity).
+one line naming which and the fixture's size. What comes out is the timed units
+(moebench.measure), the records a result keeps of what was timed (fixtures, arms with their
+declared kernels and identities, parity), and with `--determinism` what each unit was made
+from (the fixture, the arm, the prepared call), which moebench.run_determinism checks.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import torch
 from moebench.errors import UserError
 from moebench.failures import (  # noqa: F401  (RunFailed: raised here, caught by the CLI)
     ParityFailure, RunFailed, excluded_line, gpu_memory_guard, parity_exclusions, tensor_bytes)
-from moebench.fixtures import build_fixture
+from moebench.fixtures import Fixture, build_fixture
 from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
+from moebench.kernels.arm import Arm, PreparedCall
 from moebench.kernels.registry import make_arms
 from moebench.kernels.builds import compare_outputs
 from moebench.kernels.cuda_build import CudaBuildError
 from moebench.kernels.parity import References, check_parity
 from moebench.plan import ArmPlan, RunRequest, resolve_specs
 from moebench.results import schema as S
+from moebench.results.determinism_records import DeterminismVerdict
 from moebench.timing.engine import Unit
 
 
@@ -43,6 +47,16 @@ class Subjects:
     parity: tuple[S.ParityInfo, ...] = ()
     build_parity: tuple[S.BuildParity, ...] = ()
     balancedness: float = 0.8
+    determinism: tuple[DeterminismVerdict, ...] = ()  # `run --determinism`: per timed (shape, arm)
+
+
+@dataclass(frozen=True)
+class Made:
+    """What one timed unit was made from: its fixture on the device, its arm, its prepared call."""
+
+    fixture: Fixture
+    arm: Arm
+    call: PreparedCall
 
 
 @dataclass
@@ -50,6 +64,9 @@ class Prepared:
     subjects: Subjects
     units: list[Unit]
     keep_alive: list = field(default_factory=list)  # the prepared calls the units' closures use
+    # With --determinism, per unit in the units' order, until the checks are done (a fixture whose
+    # tensors no call keeps, as when an arm lays its weights out anew, is not held while timing).
+    made: list[Made] = field(default_factory=list)
     excluded: set[tuple[str, str]] = field(default_factory=set)  # (shape, arm) failed the oracle: not timed
 
 
@@ -64,7 +81,7 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         why = arm.unavailable_reason(device)
         if why:
             raise UserError(f"arm {arm.name!r} cannot run here: {why}")
-    fixtures, infos, parity, build_parity, units, keep = [], [], [], [], [], []
+    fixtures, infos, parity, build_parity, units, keep, made = [], [], [], [], [], [], []
     hbm: dict[str, int] = {}
     failures = []
     for spec in specs:
@@ -96,6 +113,8 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             infos.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
             units.append(Unit(spec.name, arm.name, call.run, call.reset, decl))
             keep.append(call)
+            if req.determinism:
+                made.append(Made(fx, arm, call))
             if arm.name in plan.build_arms:
                 build_outputs[arm.name] = call.output.detach().clone()  # as parity's run left it
         build_parity.extend(_build_parity(spec.name, build_outputs, plan.build_base))
@@ -108,7 +127,7 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
                         ref=req.ref_arm,
                         hbm_bytes=hbm, fixtures=tuple(fixtures), arm_infos=tuple(infos), parity=tuple(parity),
                         build_parity=tuple(build_parity), balancedness=req.balancedness)
-    return Prepared(subjects, units, keep, excluded)
+    return Prepared(subjects, units, keep, made, excluded)
 
 
 def _build_parity(shape: str, outputs: dict[str, torch.Tensor], base: str | None) -> list[S.BuildParity]:

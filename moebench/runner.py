@@ -2,12 +2,14 @@
 
     plan (moebench.plan)       the request checked, this run's own arms resolved
     prepare (moebench.prepare) fixtures on the device, arms prepared, parity vs the oracle
+    determinism (moebench.run_determinism) with --determinism: the prepared calls' verdicts
     measure (moebench.measure) paired rounds, every sample audited
     assemble (moebench.assemble) statistics over the audited samples, the RunResult
     save (moebench.partial)      after every round, marked incomplete until the last
 
 `resume` finishes a saved partial run: the file's request planned and prepared again, held
-to the file (moebench.resume), and only the remaining rounds timed.
+to the file (moebench.resume), and only the remaining rounds timed (the file's parity and
+determinism verdicts kept).
 The device comes in one TimingBackend, so the whole run also goes on the CPU in tests.
 """
 
@@ -31,6 +33,7 @@ from moebench.prepare import prepare
 from moebench.results import schema as S
 from moebench.results.provenance import package_sha256, utc_now
 from moebench.results.store import ensure_writable_dir, load
+from moebench.run_determinism import with_determinism
 from moebench.resume import check_same, check_settings, earlier_measurement, request_plain, resumable_request
 
 __all__ = ["RunFailed", "RunInterrupted", "RunRequest", "TimingBackend", "planned", "result_filename", "resume",
@@ -71,7 +74,7 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
     ensure_writable_dir(req.out_dir)
     started_at = utc_now()
     backend = backend or _device_backend(req, plan)
-    prep = prepare(req, plan, backend.device, log)
+    prep = with_determinism(req, prepare(req, plan, backend.device, log), log)
 
     def make(m: Measurement, status: S.RunStatus) -> S.RunResult:
         return _with_floors(req, assemble(m, prep.subjects, gpu=backend.gpu, command=req.command,
@@ -90,8 +93,9 @@ def resume(path: str | Path, backend: TimingBackend | None = None, *, given: dic
     req, plan = planned(resumable_request(old, str(path), given), backend, log)
     backend = backend or _device_backend(req, plan)
     prep = prepare(req, plan, backend.device, log)
+    prep.made.clear()  # the file's verdicts are kept: nothing is checked again
     check_same(old, prep.subjects, backend.gpu, package_sha256(), str(path))
-    subjects = replace(prep.subjects, parity=old.parity, build_parity=old.build_parity)
+    subjects = replace(prep.subjects, parity=old.parity, build_parity=old.build_parity, determinism=old.determinism)
     before = earlier_measurement(old, req.protocol)
 
     def make(m: Measurement, status: S.RunStatus) -> S.RunResult:

@@ -3,8 +3,9 @@ own paired rounds on one device, then merged into one RunResult.
 
     sweep_cells   the request's shapes as cells, each with an estimated cost
     assign        cells to ranks: deterministic, balanced by cost
-    run_cell      plan's arms on one shape: prepare, parity, measure (or not, in a dry run),
-                  assemble; the result records the cell (rank, host, device, bandwidth)
+    run_cell      plan's arms on one shape: prepare, parity, the determinism checks when
+                  asked, measure (or not, in a dry run), assemble; the result records the
+                  cell (rank, host, device, bandwidth)
     merge         cells' results, and a partial sweep's file, into one RunResult that names
                   the cells not finished
 
@@ -29,6 +30,7 @@ from moebench.plan import ArmPlan, RunRequest, resolve_specs
 from moebench.prepare import prepare
 from moebench.results import schema as S
 from moebench.results.provenance import provenance, utc_now
+from moebench.run_determinism import with_determinism
 from moebench.runner import run_options
 from moebench.timing.metrics import timed_metric
 
@@ -90,7 +92,7 @@ def run_cell(req: RunRequest, plan: ArmPlan, cell: Cell, where: Placement, *,
     RunFailed on a parity failure, as `moebench run` does."""
     started_at = utc_now()
     cell_req = replace(req, shapes=(cell.shape,))
-    prep = prepare(cell_req, plan, where.device, log)
+    prep = with_determinism(cell_req, prepare(cell_req, plan, where.device, log), log)
     if where.backend is None:
         m, gpu = _unmeasured(req), None
     else:
@@ -147,6 +149,7 @@ def merge(parts: Sequence[S.RunResult], *, planned: Sequence[str], missing: Sequ
         fixtures=gathered("fixtures"), arms=gathered("arms"), parity=gathered("parity"),
         samples=gathered("samples"), clocks=(), audit=audit, summaries=gathered("summaries"),
         ratios=gathered("ratios"), build_parity=gathered("build_parity"), statistics_over=S.AUDITED_SAMPLES,
+        determinism=gathered("determinism"),
         sharding=S.Sharding(world_size, dist_backend, dry_run, request, tuple(cells), missing))
 
 

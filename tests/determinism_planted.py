@@ -2,21 +2,29 @@
 oracle's output (deterministic on the CPU) with a planted last-bit change.
 
   PlantedRunNoise   flips the low bit of a few elements, different ones on every run
-  PlantedBatchRows  scales every row by a factor that follows the batch's token count
+  PlantedBatchRows  flips the low bit of one column in 16, which the batch's token count chooses
   PlantedProcess    flips the low bit of elements drawn from a generator seeded by the process id
   PlantedClean      the oracle's output unchanged
+  FakeTimedTriton   the stock Triton arm's call as it is (under the interpreter on the CPU)
+
+Every call also launches one kernel on GPU, the fake device a CPU run's timing backend reads
+(tests/run_fakes.py), so `moebench run` can time these arms and audit their samples.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
+
+from timing_fakes import FakeGpu
 
 from moebench.fixtures import fixture_reference
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
 
 KERNELS = (KernelDecl("planted", r"planted", 1),)
+GPU = FakeGpu()
 
 
 def _flip_low_bit(out: torch.Tensor, mask: torch.Tensor) -> None:
@@ -26,6 +34,7 @@ def _flip_low_bit(out: torch.Tensor, mask: torch.Tensor) -> None:
 
 class _Planted(Arm):
     description = "planted for tests"
+    duration_ns = 3000
 
     def perturb(self, fx, out: torch.Tensor, run: int) -> None:
         pass
@@ -39,6 +48,7 @@ class _Planted(Arm):
             out.copy_(ref)
             self.perturb(fx, out, runs[0])
             runs[0] += 1
+            GPU.launch("planted", self.duration_ns)
         return PreparedCall(self.name, run, out, KERNELS)
 
 
@@ -48,6 +58,7 @@ class PlantedClean(_Planted):
 
 class PlantedRunNoise(_Planted):
     name = "planted-run-noise"
+    duration_ns = 2000
 
     def perturb(self, fx, out, run):
         if run == 0:
@@ -60,7 +71,8 @@ class PlantedBatchRows(_Planted):
     name = "planted-batch-rows"
 
     def perturb(self, fx, out, run):
-        out.copy_((out.float() * (1.0 + fx.M * 2.0 ** -7)).to(out.dtype))
+        columns = torch.arange(out.shape[1], device=out.device) % 16 == fx.M % 16  # one column in 16, chosen by the token count
+        _flip_low_bit(out, columns.expand_as(out))
 
 
 class PlantedProcess(_Planted):
@@ -69,3 +81,17 @@ class PlantedProcess(_Planted):
     def perturb(self, fx, out, run):
         g = torch.Generator().manual_seed(os.getpid())
         _flip_low_bit(out, torch.rand(out.shape, generator=g) < 0.05)
+
+
+class FakeTimedTriton(Arm):
+    name = "fake-timed-triton"
+    description = "the stock Triton arm's call, and one fake kernel for the fake timer"
+
+    def prepare(self, fx) -> PreparedCall:
+        from moebench.kernels.triton_arms import StockTritonArm
+        call = StockTritonArm().prepare(fx)
+
+        def run() -> None:
+            call.run()
+            GPU.launch("planted", 4000)
+        return replace(call, arm=self.name, run=run, kernels=KERNELS)

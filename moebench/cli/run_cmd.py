@@ -27,6 +27,7 @@ from moebench.cli.common import (
 from moebench.errors import UserError
 from moebench.failures import audit_failure
 from moebench.kernels.registry import parse_arm_list
+from moebench.plan import DETERMINISM_RUNS
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunInterrupted, RunRequest, resume, run
 from moebench.timing.flush import FLUSH_MODES
@@ -89,6 +90,14 @@ def _progress(console: Console, total: int):
 @click.option("--keep-going", is_flag=True,
               help="Time the other arms when some fail the oracle (those are left out and reported); "
                    "without it such a failure stops the run before timing, exit 1.")
+@click.option("--determinism", is_flag=True,
+              help="Before timing, check each timed arm's determinism on its prepared call, as `verify "
+                   "--determinism` does (bitwise run to run, batch invariance, across processes); the result "
+                   "keeps the verdicts and its tables show them (column det).")
+@click.option("--determinism-runs", type=int, default=None, metavar="N",
+              help=f"With --determinism: runs of the same inputs (default {DETERMINISM_RUNS}).")
+@click.option("--cross-process/--no-cross-process", default=None,
+              help="With --determinism: compare the output hash with a fresh process's (default: on).")
 @click.option("--out", "out_dir", default="results", show_default=True, type=click.Path(file_okay=False),
               help="Folder the RunResult JSON is written to (after every round, marked incomplete until the last).")
 @click.option("--resume", "resume_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
@@ -97,12 +106,13 @@ def _progress(console: Console, total: int):
 @click.pass_context
 def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                 external_arms, ref, rounds, samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl,
-                max_fixture_gb, keep_going, out_dir, resume_path):
+                max_fixture_gb, keep_going, determinism, determinism_runs, cross_process, out_dir, resume_path):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
-                      out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from, keep_going=keep_going)
+                      out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from, keep_going=keep_going,
+                      determinism=determinism, determinism_runs=determinism_runs, cross_process=cross_process)
     log, progress = lambda m: console.print(f"[dim]{m}[/]"), lambda total: _progress(console, total)
     try:
         if resume_path is not None:
@@ -121,9 +131,11 @@ def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm,
 
 def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                 external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
-                out_dir, graph: bool = False, **more) -> RunRequest:
+                out_dir, graph: bool = False, determinism: bool = False, determinism_runs: int | None = None,
+                cross_process: bool | None = None, **more) -> RunRequest:
     """The RunRequest of `moebench run`'s options (also `sweep`'s); `more`: further RunRequest
     fields (the A/A arm, a noise file, the sampler)."""
+    more.update(_determinism_fields(determinism, determinism_runs, cross_process))
     return RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
                       arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,
                       warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
@@ -132,6 +144,18 @@ def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                       build_arm=build_arm, build_host=build_host, defines=tuple(defines), variants=tuple(variants),
                       external_arms=tuple(external_arms), max_fixture_gb=max_fixture_gb,
                       sampler="graph" if graph else "eager", **more)
+
+
+def _determinism_fields(determinism: bool, runs: int | None, cross_process: bool | None) -> dict:
+    """The request's determinism fields; the options that only qualify --determinism refused without it."""
+    if not determinism:
+        for flag, given in (("--determinism-runs", runs is not None),
+                            ("--cross-process/--no-cross-process", cross_process is not None)):
+            if given:
+                raise UserError(f"{flag} applies only with --determinism")
+        return {}
+    return {"determinism": True, "determinism_runs": DETERMINISM_RUNS if runs is None else runs,
+            "cross_process": cross_process is not False}
 
 
 def _given(ctx: click.Context, req: RunRequest) -> dict:

@@ -3,6 +3,7 @@
 Columns: run to run (bitwise over N runs, or how many runs differ, in how many elements at
 most and by how much), batch invariance (each m's rows alone against inside larger batches),
 across processes (the output hash of a fresh process), the verdict, and what the engine defines.
+A timed run's summary tables add one short cell per arm and shape (det_text).
 """
 
 from __future__ import annotations
@@ -53,6 +54,25 @@ def verdict_text(v: DeterminismVerdict) -> str:
     words = ["deterministic" if v.deterministic else "NOT deterministic",
              "batch-invariant" if v.batch_invariant else "NOT batch-invariant"]
     return ", ".join(words)
+
+
+def det_text(v: DeterminismVerdict | None) -> str:
+    """A timed run's `det` cell: run to run (and across processes), then batch invariance."""
+    if v is None:
+        return "—"
+    r, cp = v.run_to_run, v.cross_process
+    if not r.bitwise:
+        size = "not finite" if r.max_abs < 0 else f"max Δ {r.max_abs:.3g}"
+        repeat = f"differs ({r.elements:,} elems, {size})"
+    elif cp is not None and cp.equal is False:
+        repeat = "differs across processes"
+    else:
+        repeat = "bitwise"
+    return f"{repeat} · {'invariant' if v.batch_invariant else 'varies with batch'}"
+
+
+def verdicts_by_unit(verdicts: Sequence[DeterminismVerdict]) -> dict[tuple[str, str], DeterminismVerdict]:
+    return {(v.shape, v.arm): v for v in verdicts}
 
 
 def verdict_rows(verdicts: Sequence[DeterminismVerdict]) -> list[list[str]]:

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from moebench.results.determinism_view import det_text, determinism_markdown, verdicts_by_unit
 from moebench.results.index import ResultIndex, mbytes, mib, percent, ratio, tb_per_s, us
 from moebench.results.roofline import shape_floors
 from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_rows
@@ -49,7 +50,6 @@ def method_sentence(s: Settings) -> str:
 
 
 def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
-    from moebench.results.determinism_view import determinism_markdown
     ix = ResultIndex(result)
     if not result.samples and result.determinism:  # verdicts alone (`verify --determinism --out`)
         heading = f"### moebench determinism: {', '.join(result.settings.shapes)}"
@@ -103,6 +103,9 @@ def _summary_table(ix: ResultIndex) -> str:
     if builds:
         header.insert(8, f"output vs `{ix.result.build_parity[0].base}`")
     header += FLOOR_HEADER
+    det = verdicts_by_unit(ix.result.determinism)
+    if det:
+        header.append("det")
     floors = shape_floors(ix.result)
     rows = []
     for shape in ix.shapes:
@@ -119,9 +122,11 @@ def _summary_table(ix: ResultIndex) -> str:
             if builds:
                 cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))
             cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
-            rows.append(cells + floor_cells(floors, shape, s.median_ns))
+            cells += floor_cells(floors, shape, s.median_ns)
+            rows.append(cells + [det_text(det.get((shape, arm)))] if det else cells)
     note = floor_note(ix)
-    return _table(header, "llrrrrrrrr" + ("r" if builds else "") + "rrlr", rows) + (f"\n\n{note}." if note else "")
+    align = "llrrrrrrrr" + ("r" if builds else "") + "rrlr" + ("l" if det else "")
+    return _table(header, align, rows) + (f"\n\n{note}." if note else "")
 
 
 def _sweep_floors(ix: ResultIndex) -> str:

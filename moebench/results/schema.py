@@ -18,7 +18,9 @@ Format history:
     ParityInfo.ref_max_abs (None in older files).
     RunResult.determinism (`verify --determinism --out`): per arm and shape, run-to-run, batch
     invariance and across-processes verdicts (moebench.results.determinism_records); a file of
-    verdicts alone has no samples and timer "none".
+    verdicts alone has no samples and timer "none". A timed run carries the same records, for
+    the (shape, arm) pairs it timed, with `run --determinism` (the field unchanged, so no new
+    version: a reader of version 1 reads them as it reads a verdicts file's).
     Settings.sampler (later, "eager" in older files): "graph" when each sample was one replay of
     a CUDA graph of the flush and the call (`--graph`).
     ClockSample.sm_mhz_start and .events (later, None and () in older files): the SM clock at the

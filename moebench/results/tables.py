@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from moebench.results.determinism_view import det_text, determinism_table, verdicts_by_unit
 from moebench.results.index import ResultIndex, percent, us
 from moebench.results.roofline import shape_floors
 from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_tables
@@ -86,14 +87,20 @@ def summary_table(result: RunResult) -> Table:
     t.add_column("% read BW", justify="right", no_wrap=True)
     for col in FLOOR_HEADER:
         t.add_column(col, justify="left" if col == "binding" else "right", no_wrap=True)
+    det = verdicts_by_unit(result.determinism)
+    if det:
+        t.add_column("det")  # wraps: the other columns keep their numbers whole
     last_shape = None
     for s in result.summaries:
         if last_shape is not None and s.shape != last_shape:
             t.add_section()
-        t.add_row(s.shape if s.shape != last_shape else "", s.arm, us(s.median_ns),
-                  f"{us(s.min_ns)}–{us(s.max_ns)}", us(s.span_median_ns), str(s.samples),
-                  "—" if s.hbm_bandwidth_bytes_per_s is None else f"{s.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
-                  percent(s.fraction_of_read_bandwidth, digits=0), *floor_cells(floors, s.shape, s.median_ns))
+        cells = [s.shape if s.shape != last_shape else "", s.arm, us(s.median_ns),
+                 f"{us(s.min_ns)}–{us(s.max_ns)}", us(s.span_median_ns), str(s.samples),
+                 "—" if s.hbm_bandwidth_bytes_per_s is None else f"{s.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
+                 percent(s.fraction_of_read_bandwidth, digits=0), *floor_cells(floors, s.shape, s.median_ns)]
+        if det:
+            cells.append(det_text(det.get((s.shape, s.arm))))
+        t.add_row(*cells)
         last_shape = s.shape
     return t
 
@@ -178,7 +185,6 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     from moebench.stats import kernel_summaries, referee_checks
     console = console or make_console()
     if result.determinism:
-        from moebench.results.determinism_view import determinism_table
         console.print(determinism_table(result.determinism))
         if not result.samples:  # verdicts alone (`verify --determinism --out`)
             return

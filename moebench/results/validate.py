@@ -41,6 +41,8 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
         if f.floors.hbm_bytes <= 0 or f.floors.flops <= 0:
             out.append(f"fixtures[{f.name}].floors: HBM bytes and FLOPs must be positive")
     shapes, arms = set(s.shapes), set(s.arms)
+    out += [f"determinism[{v.shape} {v.arm}]: shape or arm not in the settings" for v in result.determinism
+            if v.shape not in shapes or v.arm not in arms]
     declared = {(a.shape, a.name): a.kernels for a in result.arms}
     failing = 0
     for i, x in enumerate(result.samples):
