@@ -12,11 +12,16 @@ PATH and waits there for a signal. RESUME_SOURCE: the arms' source hash (a chang
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+# A shell that starts a job in the background without job control has it ignore SIGINT, and
+# Python then installs no KeyboardInterrupt handler: the tests send SIGINT as a user's Ctrl-C.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
