@@ -434,17 +434,14 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
                     allowed = fused_arm.deterministic_occupancies if det else fused_arm.occupancies
                     for per_sm in allowed(bm, cluster):  # what pick_occupancy weighs
                         try:
-                            stages = choose_stages(bm, K, per_sm, cluster, det)
+                            stages = choose_stages(bm, K, per_sm, cluster)
                         except UserError:
                             continue
                         d = fused_arm.kernel_defines(bm, stages, per_sm, cluster, det)
                         if (fused_arm.SOURCE, d) not in out:
                             out.append((fused_arm.SOURCE, d))
-    for cluster in fused_arm.CLUSTERS:  # the sanitizer's, with and without --deterministic
-        for det in (False, True):
-            d = fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster, det)
-            if (fused_arm.SOURCE, d) not in out:
-                out.append((fused_arm.SOURCE, d))
+    for cluster in fused_arm.CLUSTERS:  # the sanitizer's
+        out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):
         out.append(("sm90_grouped_gemm.cu", cfg.defines()))
     from moebench.kernels import fused_prefill  # the prefill path's two kernels, as the arm builds them

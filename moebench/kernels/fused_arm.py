@@ -27,21 +27,23 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, RoutePlan, route_plan
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
-from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K, check_slots_once, validate  # noqa: F401
+from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K, validate  # noqa: F401
 from moebench.kernels.fused_checks import need as _need
 from moebench.kernels.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
                                            FusedWeights, prepare_fused_weights)
 from moebench.kernels.fused_prefill import (GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS,
                                             choose_path, prepare_prefill_call)
-from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_BLOCK_M_DET,  # noqa: F401
-                                           MAX_STAGES, SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, choose_stages,
+from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
+                                           SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
                                            deterministic_occupancies, kernel_defines, launch_blocks, meta_bytes, occupancies,
-                                           pick_occupancy, shared_bytes, work_counters, x_row)
+                                           pick_occupancy, shared_bytes, x_row)
 from moebench.kernels.kernel_source import KernelSource
 
 SOURCE = "sm90_fused_moe.cu"
 KERNEL_NAME = "moebench_fused_moe"
+COMBINE_NAME = "moebench_fused_moe_combine"  # the deterministic build's second kernel
+COMBINE_THREADS = 256  # the .cu's COMBINE_THREADS
 
 
 # ------------------------------------------------------------------------------ build and launch shape
@@ -82,12 +84,11 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
     is set."""
     from moebench.kernels.cuda_launch import raise_shared_limit, set_cluster_policy
     allowed = (deterministic_occupancies if deterministic else occupancies)(block_m, cluster)
-    _need(bool(allowed), f"block_m={block_m}: the deterministic build goes up to block_m={MAX_BLOCK_M_DET}")
     if per_sm is None and stages is None:
         per_sm_options = [ctas_per_sm(block_m, cluster)]
         for ps in allowed[1:]:
             try:
-                choose_stages(block_m, K, ps, cluster, deterministic)
+                choose_stages(block_m, K, ps, cluster)
                 per_sm_options.append(ps)
             except UserError:
                 pass
@@ -98,8 +99,8 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
               f"per_sm={per_sm_options[0]} at block_m={block_m}: at most {most} CTA{'s' if most > 1 else ''} an SM")
     out = []
     for ps in per_sm_options:
-        st = choose_stages(block_m, K, ps, cluster, deterministic) if stages is None else stages
-        smem = shared_bytes(block_m, st, K, cluster, deterministic)
+        st = choose_stages(block_m, K, ps, cluster) if stages is None else stages
+        smem = shared_bytes(block_m, st, K, cluster)
         _need(2 <= st <= 10 and smem <= SMEM_PER_CTA, f"stages={st} needs {smem} B of shared memory")
         module = build_fused(source or shipped_source(), block_m, st, ps, cluster, deterministic)
         kernel = module.kernel(KERNEL_NAME, device_index)
@@ -143,24 +144,20 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
     (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
     cluster size is the one `weights` were laid out for. The kernel is compiled from `source`
-    (the shipped file when None). `deterministic`: the DETERMINISTIC build, its contributions
-    into a workspace (dims["workspace"]) that the kernel sums in a fixed order (arrival counters
-    in dims["work"]); the plan is checked to hold every slot once (a host read)."""
+    (the shipped file when None). `deterministic`: the DETERMINISTIC build,
+    its contributions into a workspace (dims["workspace"]) and the combine kernel after it."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, set_cluster_policy
     dims = validate(x, x_scale, weights, plan, topk_weights, out)
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
-    bm, K, cluster = dims["block_m"], dims["K"], weights.cluster
     # The kernel's work counters: zero at every launch (the last cluster out of work resets the
-    # tickets, each CTA takes back its SM's count, the last arrival on a token's slice its counter),
-    # so one launch of this object in flight at a time.
-    work = torch.zeros(work_counters(dims["M"], cluster, deterministic), dtype=torch.int32, device=x.device)
+    # tickets, each CTA takes back its SM's count), so one launch of this object in flight at a time.
+    work = torch.zeros(2 + 256, dtype=torch.int32, device=x.device)  # tickets, then busy CTAs per SM
+    bm, K, cluster = dims["block_m"], dims["K"], weights.cluster
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
-    if deterministic:
-        check_slots_once(plan, max_blocks)
     items = max_blocks * G if items is None else items
     options = launch_options(bm, K, x.device.index, cluster, per_sm, stages, source, deterministic)
     opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, max_blocks * G)) for o in options])]
@@ -174,15 +171,22 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     clusters = min(resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
-    # Deterministic: every launch stores every slot's rows of the workspace (zeros for slots in
-    # skipped blocks, an expert outside [0, E)) before the kernel sums them.
+    # Deterministic: every routed slot's rows of the workspace are written by each launch; rows of
+    # slots in skipped blocks (an expert outside [0, E)) stay the zeros they start as.
     ws = torch.zeros(plan.num_slots * G, K, dtype=torch.bfloat16, device=x.device) if deterministic else None
-    tensors = (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale, plan.sorted_token_ids,
-               plan.expert_ids, plan.num_tokens_post_padded, topk_weights, out) + ((ws,) if deterministic else ()) + (work,)
+    ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
+                                   plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
+                                   topk_weights, out if ws is None else ws, work)]
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
-    args = [np.uint64(t.data_ptr()) for t in tensors] + [np.int32(v) for v in ints]
+    args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
     run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
+    if ws is not None:
+        fused_run, combine = run, bind_combine(module, x.device.index, ws, out, dims["M"], dims["top_k"], G, K)
+
+        def run() -> None:
+            fused_run()
+            combine()
     keep = (x, x_scale, weights, plan, topk_weights, out, work, ws)  # the pointers stay valid while launch lives
     device = x.device.index
 
@@ -197,10 +201,22 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
                                       max_blocks=max_blocks, cluster=cluster, work=work, workspace=ws)
 
 
+def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor, M: int, top_k: int, G: int, K: int):
+    """The deterministic build's combine: out[t] += its top_k * G workspace rows, summed in order."""
+    import numpy as np
+
+    from moebench.kernels.cuda_launch import bind_launch
+    kernel = module.kernel(COMBINE_NAME, device_index)
+    grid = (-(-M * (K // 8) // COMBINE_THREADS), 1, 1)
+    return bind_launch(kernel, grid, (COMBINE_THREADS, 1, 1), 0, np.uint64(ws.data_ptr()), np.uint64(out.data_ptr()),
+                       *(np.int32(v) for v in (M, top_k, G, K)))
+
+
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
               out: torch.Tensor | None = None, *, deterministic: bool = False) -> torch.Tensor:
-    """out[t] += sum_k w[t,k] * MoE expert ids[t,k] (x_t), one kernel on torch's current stream.
-    `out` (BF16 [M, K]) is accumulated into; a zeroed one is allocated when None."""
+    """out[t] += sum_k w[t,k] * MoE expert ids[t,k] (x_t), one kernel on torch's current stream
+    (two when deterministic). `out` (BF16 [M, K]) is accumulated into; a zeroed one is allocated
+    when None."""
     launch, out, _, _ = make_fused_launch(x, x_scale, weights, plan, topk_weights, out, deterministic=deterministic)
     launch()
     return out
@@ -209,7 +225,9 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 # ------------------------------------------------------------------------------ the arm
 
 
-FUSED_KERNELS = (KernelDecl("fused", r"moebench_fused_moe", 1),)  # both builds: one launch
+FUSED_KERNELS = (KernelDecl("fused", r"moebench_fused_moe", 1),)
+FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
+                     KernelDecl("combine", r"moebench_fused_moe_combine", 1))
 
 
 @register_arm("cuda-fused")
@@ -217,7 +235,7 @@ class CudaFusedArm(Arm):
     description = ("gate/up, SwiGLU, FP8 requant, down, BF16 reduce-add: one sm_90a kernel (Swap-AB mma) for decode, "
                    "two FP8 wgmma kernels for large expert groups")
     source_file = SOURCE
-    deterministic = False  # the DETERMINISTIC build (cuda-fused-det)
+    deterministic = False  # the DETERMINISTIC build and its combine (cuda-fused-det)
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
@@ -275,8 +293,6 @@ class CudaFusedArm(Arm):
         bm = self.block_m or default_block_m(fx.M * s.top_k, s.E)
         if self.block_m is None and self.cluster == 1:
             bm = min(bm, MAX_BLOCK_M_ALONE)  # the default never picks a block one CTA cannot hold
-        if self.block_m is None and self.deterministic:
-            bm = min(bm, MAX_BLOCK_M_DET)  # nor one the deterministic build does not build
         plan = route_plan(fx.topk_ids, s.E, bm)
         items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
         plan = plan.to(fx.device)
@@ -295,16 +311,15 @@ class CudaFusedArm(Arm):
             "items": items, "build": module.build.to_dict(), "deterministic": self.deterministic,
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
         }
-        if self.deterministic:  # how the fixed-order sum runs (before: a second kernel, the combine)
-            identity["det_sum"] = "in-kernel, arrival counters"
-        return PreparedCall(arm=self.name, run=launch, output=out, kernels=FUSED_KERNELS, reset=out.zero_,
+        kernels = FUSED_DET_KERNELS if self.deterministic else FUSED_KERNELS
+        return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels, reset=out.zero_,
                             identity=identity, workspace=dims["workspace"])
 
 
 @register_arm("cuda-fused-det")
 class CudaFusedDetArm(CudaFusedArm):
     description = ("cuda-fused with a fixed reduction order: each slot's contribution into its own BF16 "
-                   "workspace row, the last one of a token's to land sums them in order, in the same kernel "
-                   "(bitwise run-to-run, batch-invariant); the decode kernel at every M")
+                   "workspace row, a combine kernel sums them in order (bitwise run-to-run, batch-invariant); "
+                   "the decode kernel at every M")
     deterministic = True
 

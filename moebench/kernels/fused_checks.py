@@ -78,18 +78,3 @@ def validate(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights, o
     cap_major_minor = torch.cuda.get_device_capability(dev)
     need(cap_major_minor == (9, 0), f"needs an sm_90 GPU (H100/H200), {dev} is sm_{cap_major_minor[0]}{cap_major_minor[1]}")
     return dict(M=M, K=K, N=N, I=I, E=E, top_k=top_k, block_m=bm, capacity=cap)
-
-
-def check_slots_once(plan: RoutePlan, max_blocks: int) -> None:
-    """What the deterministic build's arrival counters rely on: every slot of the plan in exactly
-    one block below its padded total (the plans moe_align_block_size and route_plan make), so that
-    each token's counters reach top_k x groups. Reads the plan to the host: once a prepared launch."""
-    bm, n = plan.block_m, plan.num_slots
-    total = int(plan.num_tokens_post_padded.reshape(-1)[0])
-    blocks = max(0, min(-(-total // bm), max_blocks))
-    ids = plan.sorted_token_ids[: blocks * bm].to("cpu", torch.int64)
-    counts = torch.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
-    missing, repeated = int((counts == 0).sum()), int((counts > 1).sum())
-    need(missing == 0 and repeated == 0,
-         f"the deterministic build needs every slot once in the plan's blocks below its padded total "
-         f"({total}): {missing} of {n} slots are missing, {repeated} repeated")

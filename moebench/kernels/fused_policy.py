@@ -12,7 +12,6 @@ THREADS = 288  # 8 consumer warps + 1 producer warp
 AQ_ROW, STG_ROW = 144, 20
 MAX_BLOCK_M = 48  # BLOCK_M 56 and 64 do not fit the consumers in the 168 registers of 9 warps without spilling
 MAX_BLOCK_M_ALONE = 16  # one CTA an item holds gate and up sums: from BLOCK_M 32 they spill
-MAX_BLOCK_M_DET = 32  # the deterministic build's arrivals: at 40 and 48 the consumers spill
 SMEM_PER_SM = 228 * 1024  # H100/H200: shared memory per SM; 1 KB of it reserved per CTA
 SMEM_PER_CTA = 227 * 1024
 MAX_STAGES = 8
@@ -36,21 +35,14 @@ def x_row(cluster: int) -> int:
     return max(cluster // 2, 1) * GROUP + 16
 
 
-def pending_bytes(block_m: int) -> int:
-    """The deterministic build's lists of owned slices: 8 consumer warps x (a count + PEND
-    tokens), PEND = BLOCK_M + 8 (the kernel's `pend`)."""
-    return 8 * (1 + block_m + 8) * 4
-
-
-def shared_bytes(block_m: int, stages: int, K: int, cluster: int, deterministic: bool = False) -> int:
+def shared_bytes(block_m: int, stages: int, K: int, cluster: int) -> int:
     """Dynamic shared memory of one CTA: mirrors `carve` in the kernel (which checks it)."""
     red = 0 if cluster == 1 else 8 * 16 * block_m * 4  # GEMM1's partials of the cluster's warps
     n = stages * chunk_bytes(cluster) + stages * block_m * x_row(cluster) + block_m * GROUP * 4 + red
     n += block_m * AQ_ROW
     n = (n + 15) & ~15
     n += 8 * 8 * STG_ROW * 4 + 2 * meta_bytes(block_m, K)
-    n += 2 * stages * 8 + 4 * 8 + 2 * 8 + 4 * 8 + 2 * 4  # ring, meta, exchange, ticket barriers; tickets
-    return n + (pending_bytes(block_m) if deterministic else 0)
+    return n + 2 * stages * 8 + 4 * 8 + 2 * 8 + 4 * 8 + 2 * 4  # ring, meta, exchange, ticket barriers; tickets
 
 
 def ctas_per_sm(block_m: int, cluster: int = DEFAULT_CLUSTER) -> int:
@@ -78,16 +70,16 @@ def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
     return rounds.index(min(rounds))  # the first (fewest CTAs an SM) of those with fewest rounds
 
 
-def choose_stages(block_m: int, K: int, per_sm: int | None, cluster: int, deterministic: bool = False) -> int:
+def choose_stages(block_m: int, K: int, per_sm: int | None, cluster: int) -> int:
     """The deepest ring (up to MAX_STAGES) that keeps `per_sm` CTAs (None: `ctas_per_sm`)
     resident on an SM."""
     per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
     per_cta = min(SMEM_PER_CTA, SMEM_PER_SM // per_sm - 1024)
     for stages in range(MAX_STAGES, 1, -1):
-        if shared_bytes(block_m, stages, K, cluster, deterministic) <= per_cta:
+        if shared_bytes(block_m, stages, K, cluster) <= per_cta:
             return stages
     raise UserError(f"cuda-fused: block_m={block_m} with K={K} needs "
-                    f"{shared_bytes(block_m, 2, K, cluster, deterministic)} B of shared memory, more than an SM has")
+                    f"{shared_bytes(block_m, 2, K, cluster)} B of shared memory, more than an SM has")
 
 
 def default_block_m(num_slots: int, num_experts: int) -> int:
@@ -108,16 +100,6 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
     return min(capacity // block_m, (worst + block_m - 1) // block_m)
 
 
-# The deterministic build's `work` counters: the kernel's tickets and per-SM counts (2 + 256,
-# `ARRIVALS`), then one arrival counter a (token, CTA rank, consumer warp).
-WORK_COUNTERS = 2 + 256
-
-
-def work_counters(M: int, cluster: int, deterministic: bool) -> int:
-    """Length of the kernel's `work` buffer (int32, zero at launch and after)."""
-    return WORK_COUNTERS + (M * cluster * 8 if deterministic else 0)
-
-
 def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int,
                    deterministic: bool = False) -> dict[str, str]:
     """The .cu's meta-parameters for one build (DETERMINISTIC only where chosen, so the default
@@ -131,9 +113,7 @@ def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int,
 def deterministic_occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]:
     """`occupancies` of the deterministic build: it keeps two accumulator chains at every
     BLOCK_M (a token's sums do not follow the block size), which spill at BLOCK_M 16 with three
-    CTAs an SM, so there it launches at two; above MAX_BLOCK_M_DET it is not built (none)."""
-    if block_m > MAX_BLOCK_M_DET:
-        return ()
+    CTAs an SM, so there it launches at two."""
     return tuple(ps for ps in occupancies(block_m, cluster) if not (block_m == 16 and ps >= 3))
 
 

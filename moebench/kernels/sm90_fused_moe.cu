@@ -70,13 +70,13 @@
 //
 // DETERMINISTIC (0 or 1, the user's choice: arm cuda-fused-det). At 1 the output is the same bits
 // on every run and for every batch a token is in: the kernel stores each (token slot, group)
-// contribution as BF16 into its own row of a workspace (`part`, [num_slots * G, K], row
-// slot * G + g) instead of reduce-adding it into the output, and the last of a token's top_k * G
-// contributions to a slice of columns sums the token's rows there in that fixed order in FP32 and
-// adds the sum into the output once (arrival counters, see "the deterministic sum" below).
-// Everything before the epilogue is already per token (a token's column of every mma, its
-// requant over its own 128 values, its route weight), whatever block or neighbours the route plan
-// gives it; the one per-build difference, the accumulator chains of mma_block, is pinned to two.
+// contribution as BF16 into its own row of a workspace (`out` is then that workspace,
+// [num_slots * G, K], row slot * G + g) instead of reduce-adding it into the output, and
+// moebench_fused_moe_combine sums a token's top_k * G rows in that fixed order in FP32 and adds
+// the sum into the output once. Everything before the epilogue is already per token (a token's
+// column of every mma, its requant over its own 128 values, its route weight), whatever block
+// or neighbours the route plan gives it; the one per-build difference, the accumulator chains
+// of mma_block, is pinned to two.
 //
 // The kernel body is the sequence of its stages: set-up, then the producer warp
 // (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
@@ -148,11 +148,6 @@ constexpr int EARLY_CHUNKS = 2;
 constexpr int MMA_CHAINS = !DETERMINISTIC && BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3 ? 1 : 2;
 static_assert(!(DETERMINISTIC && BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3),
               "the deterministic build: two accumulator chains spill at BLOCK_M 16 with three CTAs an SM");
-static_assert(!(DETERMINISTIC && BLOCK_M > 32),
-              "the deterministic build: its arrivals do not fit the 168 registers of BLOCK_M 40 or 48 without spilling");
-// DETERMINISTIC: slices a consumer warp can hold for its sum after the item loop (one item's
-// block and some; more are summed on the spot, see the deterministic sum). None by default.
-constexpr int PEND = DETERMINISTIC ? BLOCK_M + 8 : 0;
 static_assert(LAG <= STAGES && EARLY_CHUNKS <= STAGES, "the lag and the early chunks wait on chunks still in the ring");
 
 typedef unsigned char u8;
@@ -174,24 +169,6 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
 __device__ __forceinline__ u32 cluster_ctarank() {
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-// %tid.x, %ctaid.x and %nctaid.x read where they are used (threadIdx and blockIdx are read once
-// and held: read again after the role loops, they would be held through them).
-__device__ __forceinline__ int tid_now() {
-    int r;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ int ctaid_now() {
-    int r;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ int nctaid_now() {
-    int r;
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(r));
     return r;
 }
 
@@ -292,25 +269,6 @@ __device__ __forceinline__ void mbar_arrive_remote(u32 rbar) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(rbar) : "memory");
 }
 
-// The deterministic sum's ordering (see there): a fence at GPU scope, a relaxed atomic add whose
-// old value says who came last, and loads at GPU scope (from L2, never a stale L1 line).
-__device__ __forceinline__ void fence_acq_rel_gpu() {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-
-__device__ __forceinline__ int atom_add_relaxed(int* p, int v) {
-    int old;
-    asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-
-__device__ __forceinline__ uint4 ld_relaxed_v4(const void* p) {
-    uint4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-    return v;
-}
-
 __device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
     int old;
     asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -386,19 +344,6 @@ __device__ __forceinline__ void store_bf16x8(unsigned short* dst, float4 lo, flo
                  :: "l"(dst), "r"(p0), "r"(p1), "r"(p2), "r"(p3) : "memory");
 }
 
-// Two BF16 (low half first) added to the FP32 sums s0, s1; and a BF16x2 plus two FP32 sums,
-// rounded back once.
-__device__ __forceinline__ void add_bf16x2(float& s0, float& s1, u32 v) {
-    s0 += __uint_as_float(v << 16);
-    s1 += __uint_as_float(v & 0xffff0000u);
-}
-__device__ __forceinline__ u32 bf16x2_plus(u32 v, float s0, float s1) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(__uint_as_float(v & 0xffff0000u) + s1),
-        "f"(__uint_as_float(v << 16) + s0));
-    return r;
-}
-
 // The divisions here and in the requant are __fdividef (x times an approximate reciprocal, 2 ulp
 // at most) and the exponential is __expf: IEEE division branches, for some operands, to a
 // slow-path subroutine, which stalls the SwiGLU behind the weight stream. 2 ulp of FP32 moves an
@@ -414,16 +359,14 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 //   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums (none at CLUSTER 1)
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
-//   meta   2 x META bytes          per item: expert, group, (unused), valid tokens; token (its
-//                                  slot from the requant on, DETERMINISTIC), route weight,
-//                                  requant scale x route weight (DETERMINISTIC: the slot until
-//                                  the requant) [BLOCK_M]; activation scales
+//   meta   2 x META bytes          per item: expert, group, block, valid tokens; token (its slot
+//                                  from the requant on, DETERMINISTIC), route weight,
+//                                  requant scale x route weight [BLOCK_M]; activation scales
 //                                  [BLOCK_M][KB + 4] (rows 16-byte aligned when KB % 4 == 0, and
 //                                  conflict-free for GEMM1's reads); gate/up scales [2][KB];
 //                                  down scales [KB]
 //   bars   full, empty [STAGES]; mfull, mempty [2]; afull, aempty; tfull, tempty [2]
 //   tick   2 x int                 work tickets from the cluster's rank 0
-//   pend   8 x (1 + PEND) int      DETERMINISTIC: each consumer warp's owned slices (count, tokens)
 
 __host__ __device__ constexpr u32 meta_bytes(int KB) {
     return (16 + 3 * BLOCK_M * 4 + BLOCK_M * (KB + 4) * 4 + 3 * KB * 4 + 15) & ~15u;
@@ -450,8 +393,7 @@ __device__ __forceinline__ Meta meta_at(u8* p, int KB) {
 
 struct Smem {
     u8* ring; u8* xring; float* afull; float* red; u8* aq; float* stg; u8* meta;
-    u32 full; u32 empty; u32 mfull; u32 mempty; u32 abar; u32 aempty; u32 tfull; u32 tempty; int* tick; int* pend;
-    u32 bytes;
+    u32 full; u32 empty; u32 mfull; u32 mempty; u32 abar; u32 aempty; u32 tfull; u32 tempty; int* tick; u32 bytes;
 };
 
 __device__ __forceinline__ Smem carve(u8* base, int KB) {
@@ -474,10 +416,6 @@ __device__ __forceinline__ Smem carve(u8* base, int KB) {
     s.tfull = smem_u32(base + off);                  off += 2 * 8;
     s.tempty = smem_u32(base + off);                 off += 2 * 8;
     s.tick = reinterpret_cast<int*>(base + off);     off += 2 * 4;
-    s.pend = nullptr;
-    if constexpr (DETERMINISTIC) {
-        s.pend = reinterpret_cast<int*>(base + off); off += 8 * (1 + PEND) * 4;
-    }
     s.bytes = off;
     return s;
 }
@@ -511,7 +449,6 @@ struct Args {
     const int* sorted_token_ids; const int* expert_ids;
     const int* num_tokens_post_padded; const float* topk_weights;
     unsigned short* out;
-    unsigned short* part;  // DETERMINISTIC: the workspace (null otherwise)
     int* work;
     int num_slots, top_k, K, E, max_blocks, G;
 };
@@ -528,88 +465,6 @@ struct FirstTrip {
     int ntpp = 0, expert = -1;
     Sids sid;
 };
-
-// ---- the deterministic sum (DETERMINISTIC). Warp w of a rank-c CTA stores, for every item, its
-// tokens' contributions to the columns of its m-tiles w, w + 8, ... of rows [c*K/CLUSTER,
-// (c+1)*K/CLUSTER) (in every layout warp w takes the m-tiles m with m % 8 == w): a slice that
-// warp w of every rank-c CTA writes, whichever item it holds. Token t's slice gets top_k * G
-// contributions, from items on any clusters in any order; each is counted on the slice's counter
-// work[ARRIVALS + (t * CLUSTER + c) * 8 + w]:
-//   the writer: its rows stored, __syncwarp, fence.acq_rel.gpu (release), a relaxed atomic add;
-//   the one whose add returns top_k * G - 1 was the last: fence.acq_rel.gpu (acquire), it zeroes
-//   the counter for the next launch (no other arrival on it comes in this one) and owns the sum:
-//   the token's top_k * G rows over the slice in slot, then group, order in FP32 (GPU-scope
-//   loads, from L2), added into the output with one BF16 rounding.
-// No thread waits for another: the sum runs where the last contribution happened to land, and
-// its order is fixed whoever that is. A consumer warp keeps the slices it owns in a list in
-// shared memory (`pend`) and sums them once it has no items left, where the item loop's
-// registers are free (inside the loop, at three CTAs an SM, a lane could hold one row in flight;
-// after it, SUM_ROWS); a full list is summed on the spot, one row at a time.
-// A block the kernel skips (expert outside [0, E)) is counted too, after the producer's last
-// item: cluster q takes the plan blocks q, q + clusters, ... and its rank-c producer stores zeros
-// over a skipped block's slots' rows at its rank's columns, then arrives for them on all 8
-// slices (summing what that completes). So every counter reaches top_k * G exactly when every
-// slot is in one block below the padded total (moe_align_block_size's plans; the host checks
-// it), and every row a sum reads was stored in this launch.
-constexpr int ARRIVALS = 2 + 256;     // after the tickets and the per-SM counts in `work`
-constexpr int SUM_ROWS = 5;           // workspace rows a lane loads at once, outside the item loop
-constexpr int ROWS_A_LANE = (BLOCK_M + 31) / 32;  // block rows a lane holds (BLOCK_M may exceed the warp)
-
-// out[t] += the sum of t's top_k * G rows over slice (rank, w): a lane 8 columns at a time,
-// R rows in flight, 16 * top_k * G bytes read and 16 written a lane and step.
-template <int R>
-__device__ __forceinline__ void sum_slice(const Args& a, int t, u32 rank, int w, int lane) {
-    const int K = a.K, rows = a.top_k * a.G;
-    const int nm = ((K >> 7) * (8 / CLUSTER) - w + 7) >> 3;  // m-tiles w, w + 8, ... of the rank's rows
-    const unsigned short* src0 = a.part + static_cast<size_t>(t) * rows * K;
-    for (int u = lane; u < 2 * nm; u += 32) {
-        const int col = static_cast<int>(rank) * (K / CLUSTER) + (w + 8 * (u >> 1)) * 16 + 8 * (u & 1);
-        const unsigned short* src = src0 + col;
-        float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int r0 = 0; r0 < rows; r0 += R) {
-            uint4 v[R];
-            #pragma unroll
-            for (int i = 0; i < R; ++i)
-                if (r0 + i < rows) v[i] = ld_relaxed_v4(src + static_cast<size_t>(r0 + i) * K);
-            #pragma unroll
-            for (int i = 0; i < R; ++i) {
-                if (r0 + i < rows) {
-                    add_bf16x2(s[0], s[1], v[i].x);
-                    add_bf16x2(s[2], s[3], v[i].y);
-                    add_bf16x2(s[4], s[5], v[i].z);
-                    add_bf16x2(s[6], s[7], v[i].w);
-                }
-            }
-        }
-        uint4* dst = reinterpret_cast<uint4*>(a.out + static_cast<size_t>(t) * K + col);
-        const uint4 o = ld_relaxed_v4(dst);
-        *dst = make_uint4(bf16x2_plus(o.x, s[0], s[1]), bf16x2_plus(o.y, s[2], s[3]), bf16x2_plus(o.z, s[4], s[5]),
-                          bf16x2_plus(o.w, s[6], s[7]));
-    }
-}
-
-// One arrival of token t (t < 0: none; lane-varying) on slice (rank, w), after the rows were
-// released: true on the lane whose arrival completed the slice (acquired, its counter zeroed).
-// The whole warp calls it.
-__device__ __forceinline__ bool arrive_slice(const Args& a, int t, u32 rank, int w) {
-    int* counter = a.work + ARRIVALS + (max(t, 0) * CLUSTER + static_cast<int>(rank)) * 8 + w;
-    const bool last = t >= 0 && atom_add_relaxed(counter, 1) == a.top_k * a.G - 1;
-    if (__any_sync(0xffffffffu, last)) {
-        fence_acq_rel_gpu();  // acquire: every other contribution to the completed slices
-        if (last) atomicExch(counter, 0);
-    }
-    return last;
-}
-
-// A consumer warp's owned slices (list[0] of them, tokens in list[1..]): summed, the list emptied.
-template <int R>
-__device__ __forceinline__ void sum_pending(const Args& a, int* list, u32 rank, int w, int lane) {
-    const int n = list[0];
-    for (int i = 0; i < n; ++i) sum_slice<R>(a, list[1 + i], rank, w, lane);
-    __syncwarp();
-    if (lane == 0) list[0] = 0;
-    __syncwarp();
-}
 
 // ---- kernel entry (clusters of 4: FIRST_AT_ENTRY). The producer's first trip goes out before
 // the set-up, which takes a long part of a cold launch: into registers (block cid / G <
@@ -658,9 +513,6 @@ __device__ __forceinline__ void set_up(u8* smem_base, int K, int tid) {
     // The activation ring starts zeroed: padding rows are never copied (see the header).
     for (int i = tid; i < STAGES * BLOCK_M * X_ROW / 16; i += THREADS)
         reinterpret_cast<uint4*>(sm.xring)[i] = make_uint4(0, 0, 0, 0);
-    if constexpr (DETERMINISTIC) {
-        if (tid < 8) sm.pend[tid * (1 + PEND)] = 0;  // no owned slices yet
-    }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
@@ -676,7 +528,7 @@ __device__ __forceinline__ void set_up(u8* smem_base, int K, int tid) {
 // first trip (block cid / G < max_blocks: the host launches at most max_blocks * G clusters; the
 // plan buffers hold max_blocks).
 struct Producer {
-    static constexpr int RW = ROWS_A_LANE;
+    static constexpr int RW = (BLOCK_M + 31) / 32;    // BLOCK_M may exceed the warp
     static constexpr int XB = BLOCK_M >= 32 ? 4 : 8;  // scale loads in flight a lane (4 from 32: no spill)
 
     Args a;
@@ -789,7 +641,7 @@ struct Producer {
         mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
         const Meta m = meta_at(sm.meta + slot * MB, KB);
         const int block = w / G, g = w - block * G;
-        if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
+        if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; if (DETERMINISTIC) m.hdr[2] = block; }
         if (e < 0) {
             __syncwarp();
             mbar_arrive(sm.mfull + 8 * slot);
@@ -820,7 +672,6 @@ struct Producer {
             tok[q] = ok ? sid[q] / a.top_k : -1;
             if (r < BLOCK_M) {
                 m.tok[r] = tok[q];
-                if (DETERMINISTIC) reinterpret_cast<int*>(m.tmul)[r] = ok ? sid[q] : -1;  // the slot, until the requant
                 if (!async) reinterpret_cast<int*>(m.rw)[r] = ok ? sid[q] : -1;  // the slot, until its route weight
                 else if (ok) cp_async4(m.rw + r, a.topk_weights + sid[q]);
                 else m.rw[r] = 0.0f;
@@ -1016,68 +867,12 @@ struct Producer {
     }
 };
 
-// ---- DETERMINISTIC, the producer warp after its last item: the skipped blocks among cid,
-// cid + ncl, ... (cid this cluster, ncl the grid's clusters) still count for their slots (see the
-// deterministic sum): for each group, zeros over the slots' rows at this rank's columns, then
-// their arrivals on all 8 slices, summing the slices that completes. What it needs is read
-// again here, not held through the producer's loop.
-__device__ __forceinline__ void count_skipped(const Args& a) {
-    constexpr int RW = ROWS_A_LANE;
-    const int K = launder(a.K), G = a.G, K8 = (K / CLUSTER) >> 3, lane = tid_now() & 31;
-    const u32 rank = cluster_ctarank();
-    const int cid = ctaid_now() / CLUSTER, ncl = nctaid_now() / CLUSTER;
-    const int nblocks = min((__ldg(a.num_tokens_post_padded) + BLOCK_M - 1) / BLOCK_M, a.max_blocks);
-    for (int b0 = cid; b0 < nblocks; b0 += 32 * ncl) {  // 32 blocks' experts a trip
-        const int b = b0 + lane * ncl;
-        const int eb = b < nblocks ? __ldg(a.expert_ids + b) : 0;
-        u32 skipped = __ballot_sync(0xffffffffu, b < nblocks && (eb < 0 || eb >= a.E));
-        while (skipped) {
-            const int block = b0 + (__ffs(skipped) - 1) * ncl;
-            skipped &= skipped - 1;
-            int sl[RW];
-            #pragma unroll
-            for (int q = 0; q < RW; ++q) {
-                const int r = lane + 32 * q;
-                const int sid = r < BLOCK_M ? __ldg(a.sorted_token_ids + static_cast<size_t>(block) * BLOCK_M + r) : -1;
-                sl[q] = sid >= 0 && sid < a.num_slots ? sid : -1;
-            }
-            for (int g = 0; g < G; ++g) {
-                #pragma unroll
-                for (int q = 0; q < RW; ++q) {
-                    for (int l = 0; l < 32 && 32 * q + l < BLOCK_M; ++l) {  // block row 32q + l
-                        const int sid = __shfl_sync(0xffffffffu, sl[q], l);
-                        if (sid < 0) continue;
-                        uint4* row = reinterpret_cast<uint4*>(a.part + (static_cast<size_t>(sid) * G + g) * K +
-                                                              rank * (K / CLUSTER));
-                        for (int i = lane; i < K8; i += 32) row[i] = make_uint4(0, 0, 0, 0);
-                    }
-                }
-                __syncwarp();
-                fence_acq_rel_gpu();  // release: the zeros
-                for (int w = 0; w < 8; ++w) {
-                    #pragma unroll
-                    for (int q = 0; q < RW; ++q) {
-                        const int t = sl[q] >= 0 ? sl[q] / a.top_k : -1;
-                        u32 lasts = __ballot_sync(0xffffffffu, arrive_slice(a, t, rank, w));
-                        while (lasts) {
-                            const int src = __ffs(lasts) - 1;
-                            lasts &= lasts - 1;
-                            sum_slice<1>(a, __shfl_sync(0xffffffffu, t, src), rank, w, lane);  // (a rare path)
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 __device__ __forceinline__ void produce_items(const Args& a, u8* smem_base, const FirstTrip& first, const Place& p) {
     Producer producer(a, smem_base, first, p);
     const int pre = producer.start();
     producer.stream(pre);
     producer.finish();
 }
-
 
 // ---- the consumer warps (0-7): what every stage of an item needs of this thread and CTA.
 struct Consumer {
@@ -1249,9 +1044,11 @@ __device__ __forceinline__ void requant(const Consumer& c, const Meta& m) {
     const int lane = c.lane;
     const Smem& sm = c.sm;
     for (int t = c.warp; t < BLOCK_M; t += 8) {
-        // DETERMINISTIC: the token's plan slot, for its workspace row, parked in tmul by the
-        // producer until here (it read m.tok last for the item's GEMM1 chunks, all consumed by now)
-        const int slot = DETERMINISTIC && lane == 0 ? reinterpret_cast<const int*>(m.tmul)[t] : -1;
+        // DETERMINISTIC: the token's plan slot, for its workspace row (the producer read m.tok
+        // last for the item's GEMM1 chunks, all consumed by now)
+        int slot = -1;
+        if (DETERMINISTIC && lane == 0 && m.tok[t] >= 0)
+            slot = __ldg(c.a.sorted_token_ids + static_cast<size_t>(m.hdr[2]) * BLOCK_M + t);
         const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
         float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
         #pragma unroll
@@ -1285,7 +1082,7 @@ __device__ __forceinline__ void reduce_out(const Consumer& c, const Meta& m, flo
         if (tok >= 0) {
             const float* sv = stg + u * STG_ROW + 8 * h;
             if constexpr (DETERMINISTIC)
-                store_bf16x8(c.a.part + (static_cast<size_t>(tok) * c.a.G + m.hdr[1]) * c.a.K + rbase + 8 * h,
+                store_bf16x8(c.a.out + (static_cast<size_t>(tok) * c.a.G + m.hdr[1]) * c.a.K + rbase + 8 * h,
                              *reinterpret_cast<const float4*>(sv), *reinterpret_cast<const float4*>(sv + 4));
             else
                 red_add_bf16x8(c.a.out + static_cast<size_t>(tok) * c.a.K + rbase + 8 * h,
@@ -1365,15 +1162,6 @@ __device__ __forceinline__ void gemm2(Consumer& c, const Meta& m) {
     }
 }
 
-// ---- DETERMINISTIC, a consumer warp with no items left: the sums of the slices it owns. Its
-// place and the list's address are read again here: held through the item loop, they would
-// crowd the loop's registers (at three CTAs an SM it spills).
-__device__ __forceinline__ void sum_owned(const Args& a, u8* smem_base) {
-    const Smem sm = carve(smem_base, launder(a.K) / GROUP);
-    const int tid = tid_now(), warp = tid >> 5;
-    sum_pending<SUM_ROWS>(a, sm.pend + warp * (1 + PEND), cluster_ctarank(), warp, tid & 31);
-}
-
 // Item by item until the producer's end marker: GEMM1, SwiGLU (with the exchange in a
 // cluster), requant, GEMM2 and its epilogue.
 __device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, const Place& p) {
@@ -1400,26 +1188,6 @@ __device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, cons
         if constexpr (CLUSTER > 1) {
             if (c.tid < CLUSTER) mbar_arrive_remote(mapa(c.sm.aempty, c.tid));
         }
-        if constexpr (DETERMINISTIC) {  // this warp's slice of the item's rows is stored: arrive
-            int* list = c.sm.pend + c.warp * (1 + PEND);
-            if (list[0] > PEND - BLOCK_M) sum_pending<1>(c.a, list, c.rank, c.warp, c.lane);  // room for a block
-            __syncwarp();
-            fence_acq_rel_gpu();  // release: the rows
-            #pragma unroll
-            for (int q = 0; q < ROWS_A_LANE; ++q) {
-                const int r = c.lane + 32 * q;
-                const int sl = r < BLOCK_M ? m.tok[r] : -1;  // the slot (from the requant on), -1: none
-                const int t = sl >= 0 ? sl / c.a.top_k : -1;
-                const u32 owned = __ballot_sync(0xffffffffu, arrive_slice(c.a, t, c.rank, c.warp));
-                if (owned) {  // slices this warp completed: into its list
-                    const int n0 = list[0];
-                    if ((owned >> c.lane) & 1) list[1 + n0 + __popc(owned & ((1u << c.lane) - 1))] = t;
-                    __syncwarp();
-                    if (c.lane == 0) list[0] = n0 + __popc(owned);
-                    __syncwarp();
-                }
-            }
-        }
         mbar_arrive(c.sm.mempty + 8 * slot);  // this thread is done with the item's meta
     }
     if (n == 0) cluster_wait_acquire();
@@ -1438,29 +1206,19 @@ moebench_fused_moe(
     // route plan (moe_align_block_size) and the route weights [M * top_k]
     const int* __restrict__ sorted_token_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ num_tokens_post_padded, const float* __restrict__ topk_weights,
-    // BF16 output [M, K], accumulated into
+    // BF16 output [M, K], accumulated into (DETERMINISTIC: the workspace [num_slots * G, K],
+    // every row of a routed slot written once)
     unsigned short* __restrict__ out,
-#if DETERMINISTIC
-    // the workspace [num_slots * G, K]: row slot * G + g, that slot's contribution for group g
-    // (every row of a routed slot written by every launch, of a skipped one zeroed)
-    unsigned short* __restrict__ part,
-#endif
     // work counters: [0] tickets taken, [1] clusters out of work, [2 + smid] busy CTAs on SM smid
-    // (one-round launches, CROWD_LAG); DETERMINISTIC: [ARRIVALS + (t * CLUSTER + c) * 8 + w]
-    // arrivals on token t's slices (M * CLUSTER * 8 of them); zero at launch, zero after
+    // (one-round launches, CROWD_LAG); zero at launch, zero after
     int* __restrict__ work,
     // max_blocks: plan blocks any routing can fill (the host's bound on expert_ids reads);
     // G: requant groups of the intermediate (I / 128)
     int num_slots, int top_k, int K, int E, int max_blocks, int G)
 {
     extern __shared__ __align__(128) u8 smem_base[];
-#if DETERMINISTIC
-    unsigned short* const workspace = part;
-#else
-    unsigned short* const workspace = nullptr;
-#endif
     const Args a{x, x_scale, w1f, w1_scale, w2f, w2_scale, sorted_token_ids, expert_ids, num_tokens_post_padded,
-                 topk_weights, out, workspace, work, num_slots, top_k, K, E, max_blocks, G};
+                 topk_weights, out, work, num_slots, top_k, K, E, max_blocks, G};
     const int tid = threadIdx.x;
     const Place p{tid, tid >> 5, tid & 31, cluster_ctarank(), static_cast<int>(blockIdx.x / CLUSTER),
                   static_cast<int>(gridDim.x / CLUSTER)};
@@ -1469,11 +1227,52 @@ moebench_fused_moe(
     set_up(smem_base, K, tid);
     if (p.warp == 8) produce_items(a, smem_base, first, p);
     else consume_items(a, smem_base, p);
-    if constexpr (DETERMINISTIC) {  // after the role loops, with their registers free
-        if (tid_now() < CONSUMERS) sum_owned(a, smem_base);
-        else count_skipped(a);
-    }
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
     cluster_wait_acquire();
 }
+
+#if DETERMINISTIC
+// ------------------------------------------------------------------------------ the combine
+
+#define COMBINE_THREADS 256
+
+// out[t, 8c..8c+7] += sum over k < top_k, then g < G, of part[(t * top_k + k) * G + g, 8c..]:
+// FP32 sums in that order, one BF16 rounding. A thread per 8 columns of a token; reads
+// 16 * top_k * G bytes and writes 16 (A8: 1.0 MB read, 115 KB written).
+// Two BF16 (low half first) added to s0, s1; and two FP32 sums rounded back to BF16x2.
+__device__ __forceinline__ void add_bf16x2(float& s0, float& s1, u32 v) {
+    s0 += __uint_as_float(v << 16);
+    s1 += __uint_as_float(v & 0xffff0000u);
+}
+__device__ __forceinline__ u32 bf16x2_plus(u32 v, float s0, float s1) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(__uint_as_float(v & 0xffff0000u) + s1),
+        "f"(__uint_as_float(v << 16) + s0));
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned short* __restrict__ out,
+                           int M, int top_k, int G, int K)
+{
+    const int K8 = K >> 3;
+    const long long i = static_cast<long long>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
+    if (i >= static_cast<long long>(M) * K8) return;
+    const int t = static_cast<int>(i / K8), col = static_cast<int>(i - static_cast<long long>(t) * K8);
+    const int rows = top_k * G;
+    const uint4* src = reinterpret_cast<const uint4*>(part) + static_cast<size_t>(t) * rows * K8 + col;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+    for (int r = 0; r < rows; ++r) {
+        const uint4 v = __ldg(src + static_cast<size_t>(r) * K8);
+        add_bf16x2(s0, s1, v.x);
+        add_bf16x2(s2, s3, v.y);
+        add_bf16x2(s4, s5, v.z);
+        add_bf16x2(s6, s7, v.w);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out) + i;
+    const uint4 o = *dst;
+    *dst = make_uint4(bf16x2_plus(o.x, s0, s1), bf16x2_plus(o.y, s2, s3), bf16x2_plus(o.z, s4, s5),
+                      bf16x2_plus(o.w, s6, s7));
+}
+#endif
