@@ -139,6 +139,36 @@ def fused_every_m() -> str:
     return "\n".join(lines) + "\n"
 
 
+def placement_table() -> str:
+    """Per-kernel ratios at A1 from three runs: triton against a second copy of itself, and
+    against the referee prepared after it and before it (the kernels of a sample in launch order)."""
+    sys.path.insert(0, str(ROOT))
+    from collections import defaultdict
+    from statistics import median
+
+    from moebench.results.store import load
+
+    order = ["gemm1", "silu_and_mul", "act_quant", "gemm2", "combine"]
+    runs = [("`triton#2` / `triton` (A/A)", "stock-A1-aa-triton.json", "triton#2", "triton"),
+            ("`triton` / `sglang`, `triton` prepared first", "stock-referee-A1-rounds12.json", "triton", "sglang"),
+            ("`triton` / `sglang`, `sglang` prepared first", "stock-referee-A1-reversed.json", "triton", "sglang")]
+    lines = ["| run | call | " + " | ".join(order) + " |", "|---|--:|" + "--:|" * len(order)]
+    for title, name, arm, ref in runs:
+        r = load(RESULTS / name)
+        per = defaultdict(list)  # (arm, round, kernel position) -> durations
+        calls = defaultdict(list)
+        for smp in r.samples:
+            for i, k in enumerate(smp.kernels):
+                per[(smp.arm, smp.round, i)].append(k.duration_ns)
+            calls[(smp.arm, smp.round)].append(smp.value_ns)
+        rounds = sorted({smp.round for smp in r.samples})
+        cells = [median(median(calls[(arm, n)]) / median(calls[(ref, n)]) for n in rounds)]
+        cells += [median(median(per[(arm, n, i)]) / median(per[(ref, n, i)]) for n in rounds)
+                  for i in range(len(order))]
+        lines.append(f"| {title} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def referee_sentence(name: str) -> str:
     """The stock arm against its referee in one committed run, as the Markdown report gives it."""
     sys.path.insert(0, str(ROOT))
@@ -189,6 +219,7 @@ def sections() -> dict[str, str]:
         "noise": moebench("report", "results/h200/noise-cuda-fused.json", "--format", "summary"),
         "aa-proof": (RESULTS / "aa-proof" / "summary.md").read_text(),
         "fused-every-m": fused_every_m(),
+        "a1-placement": placement_table(),
         "sweep-fused-A": moebench("report", "results/h200/sweep-fused-A.json.gz", "--format", "summary"),
         "sweep-fused-Q": moebench("report", "results/h200/sweep-fused-Q.json.gz", "--format", "summary"),
         "graph": moebench("compare", "results/h200/graph-vs-eager-eager.json.gz",
