@@ -233,7 +233,8 @@ FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
 @register_arm("cuda-fused")
 class CudaFusedArm(Arm):
     description = ("gate/up, SwiGLU, FP8 requant, down, BF16 reduce-add: one sm_90a kernel (Swap-AB mma) for decode, "
-                   "two FP8 wgmma kernels for large expert groups")
+                   "two FP8 wgmma kernels for large expert groups, cuda-swapab's grouped GEMMs in the band between "
+                   "at wide K")
     source_file = SOURCE
     deterministic = False  # the DETERMINISTIC build and its combine (cuda-fused-det)
 
