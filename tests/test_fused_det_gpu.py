@@ -19,7 +19,7 @@ from moebench.kernels.fused_arm import CudaFusedDetArm, make_fused_launch, prepa
 from moebench.kernels.parity import References, check_parity, compare
 from moebench.kernels.verify import edge_cases
 
-from gpu_fixtures import cuda_fixture
+from gpu_fixtures import cuda_fixture, with_garbage_past_the_padded_total
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]
 
@@ -115,12 +115,7 @@ def test_single_token_alone_equals_its_row_in_the_batch():
 def test_garbage_past_the_padded_total_is_ignored():
     fx = fixture("Q8")
     plan = route_plan(fx.topk_ids, fx.spec.E, 8)
-    total, blocks = plan.padded_total, plan.num_blocks
-    g = torch.Generator().manual_seed(15)
-    ids, experts = plan.sorted_token_ids.clone(), plan.expert_ids.clone()
-    ids[total:] = torch.randint(0, plan.num_slots, (ids.numel() - total,), generator=g, dtype=torch.int32)
-    experts[blocks:] = torch.randint(0, fx.spec.E, (experts.numel() - blocks,), generator=g, dtype=torch.int32)
-    garbage = type(plan)(plan.block_m, ids, experts, plan.num_tokens_post_padded, plan.num_slots).to("cuda")
+    garbage = with_garbage_past_the_padded_total(plan, fx.spec.E, seed=15)
     assert_parity(fx, run_det(fx, plan=garbage, w=weights("Q8")), "Q8-garbage")
 
 

@@ -18,7 +18,7 @@ from moebench.kernels.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, Cuda
                                         make_fused_launch, prepare_fused_weights)
 from moebench.kernels.parity import References, check_parity, compare
 
-from gpu_fixtures import cuda_fixture
+from gpu_fixtures import cuda_fixture, with_garbage_past_the_padded_total
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]
 
@@ -162,13 +162,8 @@ def test_parity_other_dims(name, cluster):
 def test_garbage_past_the_padded_total_is_ignored(cluster):
     fx = fixture("Q8")
     plan = route_plan(fx.topk_ids, fx.spec.E, 8)
-    total, blocks = plan.padded_total, plan.num_blocks
-    g = torch.Generator().manual_seed(15)
-    ids, experts = plan.sorted_token_ids.clone(), plan.expert_ids.clone()
-    ids[total:] = torch.randint(0, plan.num_slots, (ids.numel() - total,), generator=g, dtype=torch.int32)
-    experts[blocks:] = torch.randint(0, fx.spec.E, (experts.numel() - blocks,), generator=g, dtype=torch.int32)
-    assert ids.numel() > total and experts.numel() > blocks
-    garbage = type(plan)(plan.block_m, ids, experts, plan.num_tokens_post_padded, plan.num_slots).to("cuda")
+    garbage = with_garbage_past_the_padded_total(plan, fx.spec.E, seed=15)
+    assert garbage.sorted_token_ids.numel() > plan.padded_total and garbage.expert_ids.numel() > plan.num_blocks
     assert_parity(fx, run_fused(fx, plan=garbage, w=weights("Q8", cluster)), f"Q8-garbage-c{cluster}")
 
 

@@ -18,6 +18,8 @@ from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import BLOCK_M, make_prefill_launch, prefill_weights
 from moebench.kernels.parity import References, check_parity, compare
 
+from gpu_fixtures import with_garbage_past_the_padded_total
+
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]
 
 
@@ -140,13 +142,8 @@ def test_poisoned_intermediate_and_a_nonzero_output():
 def test_garbage_past_the_padded_total_is_ignored():
     fx = at("Q", 700, seed=46)
     plan = route_plan(fx.topk_ids, fx.spec.E, BLOCK_M)
-    total, blocks = plan.padded_total, plan.num_blocks
-    g = torch.Generator().manual_seed(46)
-    ids, experts = plan.sorted_token_ids.clone(), plan.expert_ids.clone()
-    ids[total:] = torch.randint(0, plan.num_slots, (ids.numel() - total,), generator=g, dtype=torch.int32)
-    experts[blocks:] = torch.randint(0, fx.spec.E, (experts.numel() - blocks,), generator=g, dtype=torch.int32)
-    assert ids.numel() > total and experts.numel() > blocks
-    garbage = type(plan)(plan.block_m, ids, experts, plan.num_tokens_post_padded, plan.num_slots).to("cuda")
+    garbage = with_garbage_past_the_padded_total(plan, fx.spec.E, seed=46)
+    assert garbage.sorted_token_ids.numel() > plan.padded_total and garbage.expert_ids.numel() > plan.num_blocks
     assert_parity(fx, run_prefill(fx, w=weights("Q"), plan=garbage, poison=True), "Q700-garbage")
 
 

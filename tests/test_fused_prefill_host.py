@@ -4,9 +4,7 @@ checks."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +16,8 @@ from moebench.kernels import fused_prefill
 from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, prefill_weights, shared_bytes,
                                             split_work, validate_prefill, work_items)
+
+from test_fused_host import _cuobjdump
 
 FP8 = torch.float8_e4m3fn
 
@@ -35,18 +35,6 @@ def cache(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------ build
-
-
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import triton
-        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        return str(p) if p.is_file() else None
-    except ImportError:
-        return None
 
 
 def test_both_kernels_compile_for_sm90a_without_spills(cache):
