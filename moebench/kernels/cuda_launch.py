@@ -156,14 +156,16 @@ def check_box(shape: tuple[int, ...], strides: tuple[int, ...], elem_bytes: int,
         raise ValueError(f"box inner extent {inner} B exceeds the {swizzle} swizzle span")
 
 
-def bind_launch(kernel, grid, block, shared_bytes: int, *args):
+def bind_launch(kernel, grid, block, shared_bytes: int, *args, pdl: bool = False):
     """A callable that launches `kernel` with these arguments on torch's then-current stream:
-    the launch configuration is built (and the shared-memory limit raised) once, here."""
+    the launch configuration is built (and the shared-memory limit raised) once, here. `pdl`:
+    with programmatic stream serialization, so the kernel may start before the one ahead of it
+    on the stream has ended (it must `griddepcontrol.wait` before it reads that kernel's output)."""
     from cuda.core import LaunchConfig
     from cuda.core import launch as _launch
     if shared_bytes > MAX_DEFAULT_SHARED_BYTES:
         raise_shared_limit(kernel, shared_bytes, device_index(None))
-    config = LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
+    config = LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes, programmatic_stream_serialization=pdl)
 
     def run() -> None:
         _launch(current_stream(), config, kernel, *args)

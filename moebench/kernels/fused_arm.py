@@ -43,7 +43,7 @@ from moebench.kernels.kernel_source import KernelSource
 SOURCE = "sm90_fused_moe.cu"
 KERNEL_NAME = "moebench_fused_moe"
 COMBINE_NAME = "moebench_fused_moe_combine"  # the deterministic build's second kernel
-COMBINE_THREADS = 256  # the .cu's COMBINE_THREADS
+COMBINE_THREADS = 128  # the .cu's COMBINE_THREADS
 
 
 # ------------------------------------------------------------------------------ build and launch shape
@@ -202,14 +202,15 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
 
 
 def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor, M: int, top_k: int, G: int, K: int):
-    """The deterministic build's combine: out[t] += its top_k * G workspace rows, summed in order."""
+    """The deterministic build's combine: out[t] += its top_k * G workspace rows, summed in order;
+    launched as the fused kernel's programmatic dependent (it waits for that kernel's end)."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch
     kernel = module.kernel(COMBINE_NAME, device_index)
     grid = (-(-M * (K // 8) // COMBINE_THREADS), 1, 1)
     return bind_launch(kernel, grid, (COMBINE_THREADS, 1, 1), 0, np.uint64(ws.data_ptr()), np.uint64(out.data_ptr()),
-                       *(np.int32(v) for v in (M, top_k, G, K)))
+                       *(np.int32(v) for v in (M, top_k, G, K)), pdl=True)
 
 
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,

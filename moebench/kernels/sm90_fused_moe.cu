@@ -76,7 +76,9 @@
 // the sum into the output once. Everything before the epilogue is already per token (a token's
 // column of every mma, its requant over its own 128 values, its route weight), whatever block
 // or neighbours the route plan gives it; the one per-build difference, the accumulator chains
-// of mma_block, is pinned to two.
+// of mma_block, is pinned to two. The combine is launched as this kernel's programmatic
+// dependent (PDL): each CTA lets it launch as it starts, so its CTAs are placed while this grid
+// runs and its launch does not follow this grid's end; it waits for that end before it reads.
 //
 // The kernel body is the sequence of its stages: set-up, then the producer warp
 // (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
@@ -359,9 +361,10 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 //   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums (none at CLUSTER 1)
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
-//   meta   2 x META bytes          per item: expert, group, block, valid tokens; token (its slot
-//                                  from the requant on, DETERMINISTIC), route weight,
-//                                  requant scale x route weight [BLOCK_M]; activation scales
+//   meta   2 x META bytes          per item: expert, group, (unused), valid tokens; token (its
+//                                  slot from the requant on, DETERMINISTIC), route weight,
+//                                  requant scale x route weight (DETERMINISTIC: the slot until
+//                                  the requant) [BLOCK_M]; activation scales
 //                                  [BLOCK_M][KB + 4] (rows 16-byte aligned when KB % 4 == 0, and
 //                                  conflict-free for GEMM1's reads); gate/up scales [2][KB];
 //                                  down scales [KB]
@@ -641,7 +644,7 @@ struct Producer {
         mbar_wait(sm.mempty + 8 * slot, ((n >> 1) & 1) ^ 1);
         const Meta m = meta_at(sm.meta + slot * MB, KB);
         const int block = w / G, g = w - block * G;
-        if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; if (DETERMINISTIC) m.hdr[2] = block; }
+        if (lane == 0) { m.hdr[0] = e; m.hdr[1] = g; }
         if (e < 0) {
             __syncwarp();
             mbar_arrive(sm.mfull + 8 * slot);
@@ -672,6 +675,7 @@ struct Producer {
             tok[q] = ok ? sid[q] / a.top_k : -1;
             if (r < BLOCK_M) {
                 m.tok[r] = tok[q];
+                if (DETERMINISTIC) reinterpret_cast<int*>(m.tmul)[r] = ok ? sid[q] : -1;  // the slot, until the requant
                 if (!async) reinterpret_cast<int*>(m.rw)[r] = ok ? sid[q] : -1;  // the slot, until its route weight
                 else if (ok) cp_async4(m.rw + r, a.topk_weights + sid[q]);
                 else m.rw[r] = 0.0f;
@@ -1044,11 +1048,10 @@ __device__ __forceinline__ void requant(const Consumer& c, const Meta& m) {
     const int lane = c.lane;
     const Smem& sm = c.sm;
     for (int t = c.warp; t < BLOCK_M; t += 8) {
-        // DETERMINISTIC: the token's plan slot, for its workspace row (the producer read m.tok
-        // last for the item's GEMM1 chunks, all consumed by now)
-        int slot = -1;
-        if (DETERMINISTIC && lane == 0 && m.tok[t] >= 0)
-            slot = __ldg(c.a.sorted_token_ids + static_cast<size_t>(m.hdr[2]) * BLOCK_M + t);
+        // DETERMINISTIC: the token's plan slot, for its workspace row, left in tmul by the
+        // producer with the meta (no load here, between GEMM1 and GEMM2); it replaces the token
+        // in m.tok, which the producer read last for the item's GEMM1 chunks, all consumed by now
+        const int slot = DETERMINISTIC && lane == 0 ? reinterpret_cast<const int*>(m.tmul)[t] : -1;
         const float4 v = *reinterpret_cast<const float4*>(sm.afull + t * GROUP + lane * 4);
         float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
         #pragma unroll
@@ -1224,6 +1227,7 @@ moebench_fused_moe(
                   static_cast<int>(gridDim.x / CLUSTER)};
     FirstTrip first;
     if (FIRST_AT_ENTRY && p.warp == 8) first_trip_at_entry(first, a, p);
+    if constexpr (DETERMINISTIC) asm volatile("griddepcontrol.launch_dependents;");  // the combine
     set_up(smem_base, K, tid);
     if (p.warp == 8) produce_items(a, smem_base, first, p);
     else consume_items(a, smem_base, p);
@@ -1235,11 +1239,17 @@ moebench_fused_moe(
 #if DETERMINISTIC
 // ------------------------------------------------------------------------------ the combine
 
-#define COMBINE_THREADS 256
+#define COMBINE_THREADS 128
+#define COMBINE_BATCH 16  // workspace rows a thread loads before it adds the first
 
 // out[t, 8c..8c+7] += sum over k < top_k, then g < G, of part[(t * top_k + k) * G + g, 8c..]:
 // FP32 sums in that order, one BF16 rounding. A thread per 8 columns of a token; reads
-// 16 * top_k * G bytes and writes 16 (A8: 1.0 MB read, 115 KB written).
+// 16 * top_k * G bytes and writes 16 (A8: 1.0 MB read, 115 KB written). The loads of a batch
+// all go out before the first add (one L2 round trip a batch, not one a row); the adds keep
+// the order. Launched with programmatic stream serialization: its CTAs may start while the
+// fused kernel runs (that kernel lets its dependents launch as it starts), and wait here until
+// it has completed and its workspace stores are visible. The workspace is read through L2
+// (ld.global.cg): the fused kernel writes it during this grid's lifetime.
 // Two BF16 (low half first) added to s0, s1; and two FP32 sums rounded back to BF16x2.
 __device__ __forceinline__ void add_bf16x2(float& s0, float& s1, u32 v) {
     s0 += __uint_as_float(v << 16);
@@ -1256,6 +1266,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned short* __restrict__ out,
                            int M, int top_k, int G, int K)
 {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     const int K8 = K >> 3;
     const long long i = static_cast<long long>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
     if (i >= static_cast<long long>(M) * K8) return;
@@ -1263,12 +1274,19 @@ moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned sho
     const int rows = top_k * G;
     const uint4* src = reinterpret_cast<const uint4*>(part) + static_cast<size_t>(t) * rows * K8 + col;
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-        const uint4 v = __ldg(src + static_cast<size_t>(r) * K8);
-        add_bf16x2(s0, s1, v.x);
-        add_bf16x2(s2, s3, v.y);
-        add_bf16x2(s4, s5, v.z);
-        add_bf16x2(s6, s7, v.w);
+    for (int r0 = 0; r0 < rows; r0 += COMBINE_BATCH) {
+        uint4 v[COMBINE_BATCH];
+        #pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; ++u)
+            if (r0 + u < rows) v[u] = __ldcg(src + static_cast<size_t>(r0 + u) * K8);
+        #pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; ++u) {
+            if (r0 + u >= rows) break;
+            add_bf16x2(s0, s1, v[u].x);
+            add_bf16x2(s2, s3, v[u].y);
+            add_bf16x2(s4, s5, v[u].z);
+            add_bf16x2(s6, s7, v[u].w);
+        }
     }
     uint4* dst = reinterpret_cast<uint4*>(out) + i;
     const uint4 o = *dst;
