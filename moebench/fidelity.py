@@ -8,7 +8,9 @@ pure streaming kernel whose cold time is what the L2 flush and the timer decide;
 kernel that only waits (`spin`: torch's spin kernel for `--us` microseconds of SM clock
 cycles at the device's maximum SM clock; `empty`: the same kernel told to wait 0 cycles), whose
 time no memory decides: timed by moebench and by ncu, they show the offset between the two
-tools as a function of the kernel's length (scripts/h200.sh stage `ncu-offset`).
+tools as a function of the kernel's length (scripts/h200.sh stage `ncu-offset`). `reduce` is
+the fused arms' combine instruction alone (16-byte BF16x2 reductions, kernels/sm90_reduce_probe.cu):
+its rate over a buffer that fits in L2 is the ceiling of an epilogue that reduce-adds.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ OPS = {
     "mul": ("MulFunctor", 1, 1),
     "spin": ("spin_kernel", 0, 0),
     "empty": ("spin_kernel", 0, 0),
+    "reduce": ("moebench_probe_reduce", 0, 0),  # bytes: the reductions' (REDUCE_PASSES x the buffer)
 }
+REDUCE_PASSES = 8  # sweeps of the reduce probe over its buffer
+REDUCE_CTAS_PER_SM = 8  # its grid: 256-thread CTAs an SM
 WAIT_OPS = ("spin", "empty")
 TIME_UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
                  "second": 1e9, "s": 1e9}
@@ -57,6 +62,8 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
         decl = DeclaredKernel(op, pattern, 1)
         wait = cycles if op == "spin" else 0
         return Unit("_probe", op, lambda: torch.cuda._sleep(wait), kernels=(decl,)), decl, 0
+    if op == "reduce":
+        return reduce_unit(mib, device)
     n = mib * 2**20 // 4
     a = torch.ones(n, dtype=torch.float32, device=device)
     c = torch.empty_like(a)
@@ -67,6 +74,28 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
         run = lambda: torch.mul(a, 2.0, out=c)  # noqa: E731
     decl = DeclaredKernel(op, pattern, 1)
     return Unit("_probe", op, run, kernels=(decl,)), decl, (reads + writes) * n * 4
+
+
+def reduce_unit(mib: int, device: torch.device) -> tuple[Unit, DeclaredKernel, int]:
+    """The reduce probe (kernels/sm90_reduce_probe.cu): REDUCE_PASSES sweeps of 16-byte BF16x2
+    reductions over a `mib` MiB buffer; the bytes are the reductions'."""
+    import numpy as np
+
+    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda_launch import bind_launch
+    from moebench.kernels.kernel_source import KernelSource
+    module = compile_source(KernelSource.shipped("sm90_reduce_probe.cu"))
+    target = torch.full((mib * 2**20 // 2,), 0.5, dtype=torch.bfloat16, device=device)
+    chunks = target.numel() // 8
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    launch = bind_launch(module.kernel(OPS["reduce"][0], device.index), (sms * REDUCE_CTAS_PER_SM, 1, 1),
+                         (256, 1, 1), 0, np.uint64(target.data_ptr()), np.int64(chunks), np.int32(REDUCE_PASSES))
+
+    def run() -> None:
+        _ = target
+        launch()
+    decl = DeclaredKernel("reduce", OPS["reduce"][0], 1)
+    return Unit("_probe", "reduce", run, kernels=(decl,)), decl, REDUCE_PASSES * chunks * 16
 
 
 @dataclass(frozen=True)

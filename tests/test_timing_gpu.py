@@ -121,6 +121,20 @@ def test_spin_probes_last_about_as_long_as_asked():
     assert 0.9 * 200_000 < spin[200].median_ns < 2.0 * 200_000
 
 
+def test_reduce_probe_adds_and_reports_its_rate():
+    import torch
+
+    from moebench.fidelity import REDUCE_PASSES, probe_unit, run_probe
+    unit, _, nbytes = probe_unit("reduce", 4, torch.device("cuda", 0))
+    target = next(c.cell_contents for c in unit.run.__closure__ if isinstance(c.cell_contents, torch.Tensor))
+    unit.run()
+    torch.cuda.synchronize()
+    assert nbytes == REDUCE_PASSES * 4 * 2**20 and bool((target == 0.5 + REDUCE_PASSES).all())
+    res = run_probe("reduce", mib=16, samples=20, warmup=2)
+    assert res.audit.passed and list(res.kernel_names) == ["moebench_probe_reduce"]
+    assert 1e11 < res.bytes_moved / (res.median_ns * 1e-9) < 5e13
+
+
 def test_variant_and_profile_on_the_gpu(tmp_path):
     """A variant of the stock arm (PDL off) timed beside it in one paired run, and the stock arm
     run untimed for a profiler, on the real backend."""

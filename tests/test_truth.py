@@ -281,6 +281,29 @@ def test_the_offset_table_row_from_both_tools():
     assert c.table_row("spin 20 µs") == "| spin 20 µs | 20.002 | 21.000 | +998 | 0.9525 |"
 
 
+def test_the_reduce_probe_is_the_combine_instruction_alone(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.core")
+    import re
+    import subprocess
+
+    from moebench.fidelity import OPS
+    from moebench.kernels import cuda_build
+    from moebench.kernels.kernel_source import KernelSource
+    from tests.test_fused_host import _cuobjdump
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
+    cuda_build.clear_memo()
+    m = cuda_build.compile_source(KernelSource.shipped("sm90_reduce_probe.cu"))
+    r = m.resources(OPS["reduce"][0])
+    assert r.spill_stores == 0 and r.stack_bytes == 0
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    (tmp_path / "p.cubin").write_bytes(m.cubin)
+    sass = subprocess.run([tool, "-sass", str(tmp_path / "p.cubin")], capture_output=True, text=True, check=True).stdout
+    memory = re.findall(r"\b(LDG|STG|REDG|ATOMG|RED)\S*", sass)
+    assert memory and set(memory) == {"REDG"}  # reductions, and no other global access
+
+
 def test_probe_table_row_needs_the_ncu_csv(capsys):
     code, _, err = cli(capsys, "probe", "--op", "empty", "--table-row", "t.md")
     assert code == 2 and "--table-row needs --ncu-csv" in err

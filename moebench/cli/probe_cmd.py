@@ -15,7 +15,9 @@ from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 @cli.command("probe")
 @click.option("--op", type=click.Choice(sorted(OPS)), default="add", show_default=True,
               help="add: c = a + b; mul: c = 2a (fp32, one torch elementwise kernel); spin: a kernel that waits "
-                   "--us microseconds of SM cycles; empty: the same kernel waiting 0 cycles.")
+                   "--us microseconds of SM cycles; empty: the same kernel waiting 0 cycles; reduce: "
+                   "8 sweeps of 16-byte BF16x2 reductions (red.global.add) over a --mib buffer, the fused "
+                   "arms' combine instruction alone (its rate is the reductions' bytes).")
 @click.option("--mib", type=int, default=256, show_default=True, help="Size of each tensor (add, mul).")
 @click.option("--us", type=float, default=20.0, show_default=True,
               help="spin: how long the kernel waits, in µs at the maximum SM clock.")
