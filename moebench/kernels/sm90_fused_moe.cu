@@ -1240,7 +1240,7 @@ moebench_fused_moe(
 // ------------------------------------------------------------------------------ the combine
 
 #define COMBINE_THREADS 128
-#define COMBINE_BATCH 16  // workspace rows a thread loads before it adds the first
+#define COMBINE_BATCH 10  // rows loaded before the first add: top_k x G of A (9) and Q (10) in one trip
 
 // out[t, 8c..8c+7] += sum over k < top_k, then g < G, of part[(t * top_k + k) * G + g, 8c..]:
 // FP32 sums in that order, one BF16 rounding. A thread per 8 columns of a token; reads
