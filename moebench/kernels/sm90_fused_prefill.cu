@@ -328,8 +328,7 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
         const float t0 = sc[r0], t1 = sc[r1];
         const float wlo = GATE_UP ? sc[BLOCK_M] : sc[BLOCK_M + wg];
         const float whi = GATE_UP ? sc[BLOCK_M + 1] : wlo;
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);  // this warp's reads of stage s are done
+        mbar_arrive(&empty[s]);  // this thread's reads of stage s are done (every reader arrives)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           const float ws = j < 8 ? wlo : whi;  // gate_up: columns 0-63 gate, 64-127 up
@@ -462,7 +461,7 @@ __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_s
     if (dynamic_smem_size() < uint32_t(SMEM_BYTES)) __trap();
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 32 + 1);           // 32 producer lanes (activations landed) + the TMA expect_tx
-      mbar_init(&empty[s], CONSUMERS / 32);  // one arrival per consumer warp
+      mbar_init(&empty[s], CONSUMERS);       // one arrival per consumer thread
     }
     mbar_fence_init();
   }
