@@ -201,6 +201,17 @@ def test_the_arm_cuts_a512_down_into_chunks():
     assert p.passed, f"A512-cut: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 
 
+@pytest.mark.parametrize("family, M", [("A", 4096), ("Q", 4096)])
+def test_a_chunk_of_one_tile_through_the_arm(family, M):
+    """`chunk=1` (a --variant of the arm): down walks tile by tile over every block."""
+    fx = at(family, M, seed=53)
+    call = CudaFusedArm(chunk=1).prepare(fx)
+    assert call.identity["path"] == "prefill" and call.identity["chunk"] == 1
+    assert call.identity["cut_by"] == "arm options"
+    p = check_parity(call, References(fx), f"{family}{M}-c1")
+    assert p.passed, f"{family}{M}-c1: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+
+
 @pytest.mark.parametrize("family, M, splits, chunk", [
     ("A", 256, 4, 3), ("A", 512, 3, 10), ("Q", 256, 2, 1), ("Q", 512, 4, 3),
     ("A", 777, 2, 5), ("Q", 1000, 3, 8),

@@ -14,8 +14,8 @@ from moebench.fixtures import ShapeRegistry, route_plan
 from moebench.fixtures.builder import fixture_routes
 from moebench.kernels import fused_prefill
 from moebench.kernels.fused_arm import CudaFusedArm
-from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, prefill_weights, shared_bytes,
-                                            split_work, validate_prefill, work_items)
+from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, make_prefill_launch, prefill_weights,
+                                            shared_bytes, split_work, validate_prefill, work_items)
 
 from test_fused_host import _cuobjdump
 
@@ -179,6 +179,32 @@ def test_arm_path_options():
         CudaFusedArm(path="fast")
     with pytest.raises(UserError, match="block_m, cluster set the decode kernel"):
         CudaFusedArm(path="prefill", block_m=8, cluster=4)
+
+
+def test_the_prefill_cut_is_an_arm_option_that_picks_the_prefill_kernels():
+    from moebench.kernels.fused_arm import CudaFusedDetArm
+    from moebench.variants import parse_variant
+    arm = CudaFusedArm(chunk=1)
+    assert arm.path == "prefill" and arm.chunk == 1 and arm.splits is None
+    assert CudaFusedArm(path="auto", splits=2).path == "auto"  # asked for auto: the plan still decides
+    assert parse_variant("c1=cuda-fused:chunk=1").settings == (("chunk", 1),)
+    for bad in (0, -2, 1.5, True, "4"):
+        with pytest.raises(UserError, match=r"chunk=.* must be a whole number of at least 1"):
+            CudaFusedArm(chunk=bad)
+    with pytest.raises(UserError, match="chunk set the prefill kernels; path=decode runs"):
+        CudaFusedArm(path="decode", chunk=2)
+    with pytest.raises(UserError, match="chunk, splits set the prefill kernels; path=grouped runs"):
+        CudaFusedArm(path="grouped", chunk=2, splits=2)
+    with pytest.raises(UserError, match="splits set the prefill kernels; block_m runs"):
+        CudaFusedArm(block_m=8, splits=2)
+    with pytest.raises(UserError, match="chunk set the prefill kernels; the deterministic build runs"):
+        CudaFusedDetArm(chunk=1)
+
+
+def test_a_chunk_past_the_tiles_is_refused():
+    p = _problem()  # K = 256: one w2 tile
+    with pytest.raises(UserError, match=r"chunk=2 must be in \[1, K/256 = 1\]"):
+        make_prefill_launch(p["x"], p["x_scale"], p["w"], p["plan"], p["topk_weights"], chunk=2)
 
 
 def test_builds_and_the_deterministic_arm_run_the_decode_kernel():

@@ -181,6 +181,15 @@ def build_prefill(stages: int = STAGES):
     return compile_source(SOURCE, defines={"STAGES": str(stages)})
 
 
+def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
+    """A work cut the kernels can run at hidden size K (None: split_work's)."""
+    if splits is not None:
+        _need(1 <= splits <= K // GROUP, f"splits={splits} must be in [1, K/128 = {K // GROUP}]")
+    if chunk is not None:
+        tiles = -(-K // BLOCK_N)
+        _need(1 <= chunk <= tiles, f"chunk={chunk} must be in [1, K/256 = {tiles}] (w2 tiles an item)")
+
+
 def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
                         max_ctas: int | None = None, blocks: int | None = None,
                         splits: int | None = None, chunk: int | None = None):
@@ -191,6 +200,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit, tensor_map
+    check_cut(x.shape[-1], splits, chunk)  # (the caller's choice, before the tensors' checks)
     dims = validate_prefill(x, x_scale, w, plan, topk_weights, out)
     M, K, N, I, E, top_k, cap = (dims[k] for k in ("M", "K", "N", "I", "E", "top_k", "capacity"))
     dev = x.device
@@ -211,8 +221,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
     cut = split_work(max_blocks if blocks is None else blocks, N, K, ctas)
     splits, chunk = splits or cut[0], chunk or cut[1]
-    _need(1 <= splits <= K // GROUP, f"splits={splits} must be in [1, K/128 = {K // GROUP}]")
-    _need(1 <= chunk, f"chunk={chunk} must be at least 1")
+    check_cut(K, splits, chunk)
     items1, items2 = work_items(max_blocks, N, K, splits, chunk)
     # gate_up's chained K ranges: a 64-row FP32 sum a (block, group), flags 0 between launches
     part = torch.empty((max_blocks * (N // 256) * THREADS_CONSUMING * 64) if splits > 1 else 1,
@@ -242,8 +251,10 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
                                       chunk=chunk, flags=flags)
 
 
-def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None):
-    """The arm's prepared call on this path (untimed: plan, views, buffers, build)."""
+def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None,
+                         splits: int | None = None):
+    """The arm's prepared call on this path (untimed: plan, views, buffers, build); `chunk` and
+    `splits` override the work cut (split_work's, for the plan's real blocks, when None)."""
     from moebench.fixtures import route_plan
     from moebench.kernels.arm import KernelDecl, PreparedCall
     s = fx.spec
@@ -252,13 +263,14 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None):
     plan = plan.to(fx.device)
     w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
-                                                    max_ctas=max_ctas, blocks=blocks)
+                                                    max_ctas=max_ctas, blocks=blocks, chunk=chunk, splits=splits)
     res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
     identity = {
         "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
         "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
         "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
-        "splits": dims["splits"], "chunk": dims["chunk"], "build": module.build.to_dict(),
+        "splits": dims["splits"], "chunk": dims["chunk"], "cut_by": "arm options" if chunk or splits else "split_work",
+        "build": module.build.to_dict(),
         "registers": {k: r.registers for k, r in res.items()},
         "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),
         "resources_from": sorted({r.source for r in res.values()}),
