@@ -214,7 +214,7 @@ def sections() -> dict[str, str]:
         "house": moebench("compare", "results/h200/house-before.json.gz", "results/h200/all-arms.json",
                           "--format", "markdown"),
         "determinism": determinism_rows(),
-        "det-cost": moebench("report", "results/h200/det-cost.json", "--format", "summary"),
+        "det-cost": moebench("report", "results/h200/det-cost.json.gz", "--format", "summary"),
         "ncu-offset": file_text("ncu-offset.md"),
         "noise": moebench("report", "results/h200/noise-cuda-fused.json", "--format", "summary"),
         "aa-proof": (RESULTS / "aa-proof" / "summary.md").read_text(),
