@@ -191,13 +191,13 @@ def test_the_prefill_cut_is_an_arm_option_that_picks_the_prefill_kernels():
     for bad in (0, -2, 1.5, True, "4"):
         with pytest.raises(UserError, match=r"chunk=.* must be a whole number of at least 1"):
             CudaFusedArm(chunk=bad)
-    with pytest.raises(UserError, match="chunk set the prefill kernels; path=decode runs"):
+    with pytest.raises(UserError, match="chunk set the prefill kernels, but path=decode does not launch them"):
         CudaFusedArm(path="decode", chunk=2)
-    with pytest.raises(UserError, match="chunk, splits set the prefill kernels; path=grouped runs"):
+    with pytest.raises(UserError, match="chunk, splits set the prefill kernels, but path=grouped does not launch them"):
         CudaFusedArm(path="grouped", chunk=2, splits=2)
-    with pytest.raises(UserError, match="splits set the prefill kernels; block_m runs"):
+    with pytest.raises(UserError, match="splits set the prefill kernels, but block_m set the decode kernel"):
         CudaFusedArm(block_m=8, splits=2)
-    with pytest.raises(UserError, match="chunk set the prefill kernels; the deterministic build runs"):
+    with pytest.raises(UserError, match="chunk set the prefill kernels, but the deterministic build is the decode kernel"):
         CudaFusedDetArm(chunk=1)
 
 

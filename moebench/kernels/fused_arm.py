@@ -262,9 +262,11 @@ class CudaFusedArm(Arm):
         if path in ("prefill", "grouped") and tuned:
             raise UserError(f"cuda-fused: {', '.join(tuned)} set the decode kernel; path={path} does not launch it")
         if cut and (path in ("decode", "grouped") or tuned or source is not None or self.deterministic):
-            why = (f"path={path}" if path in ("decode", "grouped") else
-                   ", ".join(tuned) if tuned else "a build of " + SOURCE if source is not None else "the deterministic build")
-            raise UserError(f"cuda-fused: {', '.join(cut)} set the prefill kernels; {why} runs the decode kernel or others")
+            but = (f"path={path} does not launch them" if path in ("decode", "grouped") else
+                   f"{', '.join(tuned)} set the decode kernel" if tuned else
+                   f"a build of {SOURCE} is the decode kernel's" if source is not None else
+                   "the deterministic build is the decode kernel's")
+            raise UserError(f"cuda-fused: {', '.join(cut)} set the prefill kernels, but {but}")
         if path in ("prefill", "grouped") and (source is not None or self.deterministic):
             raise UserError(f"cuda-fused: path={path} runs other kernels, not "
                             f"{'a build of ' + SOURCE if source is not None else 'the deterministic build'}")
