@@ -106,6 +106,20 @@ def test_parity_every_block_m(block_m):
     assert_parity(fx, run_det(fx, block_m=block_m, w=weights("Q128")), f"Q128-bm{block_m}")
 
 
+def test_more_rows_a_token_than_one_combine_batch():
+    """top_k 8 over two requant groups (I = 256): 16 workspace rows a token, two of the combine's
+    batches of ten; parity, the same bits twice, and a token alone equal to its row."""
+    from moebench.fixtures import build_fixture
+    from moebench.fixtures.shapes import Family, ShapeSpec
+    family = Family("D", "two groups, top_k 8", K=2048, E=64, top_k=8, N=512, routed_scale=1.0, shared_expert=False)
+    fx = build_fixture(ShapeSpec("D40", family, 40, seed=61)).to("cuda")
+    w = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, 4)
+    first = run_det(fx, w=w)
+    assert_parity(fx, first, "D40")
+    assert difference(first.cpu(), run_det(fx, w=w).cpu()).bitwise
+    assert difference(run_det(take_tokens(fx, 1), w=w).cpu(), first[:1].cpu()).bitwise
+
+
 def test_single_token_alone_equals_its_row_in_the_batch():
     fx = fixture("A128")
     alone = run_det(take_tokens(fx, 1), w=weights("A128"))
