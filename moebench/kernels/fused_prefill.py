@@ -39,9 +39,10 @@ MIN_TOKENS_PER_EXPERT = 10.0
 # A band where neither fused path is the fastest arm: wide hidden sizes at 8 to 24 slots an
 # expert, where the decode kernel's blocks of 8 take too many passes over K and the wgmma
 # path's blocks of 64 are mostly padding. There the arm runs the Swap-AB grouped GEMMs
-# (cuda-swapab's kernels). Measured in the sweeps of results/h200/sweep-{A,Q}.json: A256 (8.96
-# slots an expert) decode 217.8 us, grouped 212.3; A512 (17.9) prefill 277.3, grouped 232.3;
-# A1024 (35.9) prefill 293.4, grouped 363.1; Q512 (10.0, K = 2048) prefill 131.5, grouped 132.4.
+# (cuda-swapab's kernels). Measured in the sweeps before the band (results/h200/experiments/
+# sweep-fused-A-before-band.json.gz, results/h200/sweep-fused-Q.json.gz): A256 (8.96 slots an
+# expert) decode 217.8 us, grouped 212.3; A512 (17.9) prefill 277.3, grouped 232.3; A1024 (35.9)
+# prefill 293.4, grouped 363.1; Q512 (10.0, K = 2048) prefill 131.5, grouped 132.4.
 GROUPED_SLOTS_PER_EXPERT = (8.0, 24.0)
 GROUPED_MIN_K = 4096
 PATHS = ("auto", "decode", "grouped", "prefill")
