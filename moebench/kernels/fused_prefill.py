@@ -221,8 +221,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
     cut = split_work(max_blocks if blocks is None else blocks, N, K, ctas)
-    splits, chunk = splits or cut[0], chunk or cut[1]
-    check_cut(K, splits, chunk)
+    splits, chunk = splits or cut[0], chunk or cut[1]  # (split_work's are in range; the caller's checked above)
     items1, items2 = work_items(max_blocks, N, K, splits, chunk)
     # gate_up's chained K ranges: a 64-row FP32 sum a (block, group), flags 0 between launches
     part = torch.empty((max_blocks * (N // 256) * THREADS_CONSUMING * 64) if splits > 1 else 1,
