@@ -15,7 +15,8 @@ from moebench.fixtures.builder import fixture_routes
 from moebench.kernels import fused_prefill
 from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, make_prefill_launch, prefill_weights,
-                                            shared_bytes, split_work, validate_prefill, work_items)
+                                            down_chunk, shared_bytes, split_work, validate_prefill,
+                                            work_items)
 
 from test_fused_host import _cuobjdump
 
@@ -90,24 +91,36 @@ def test_work_items():
     assert work_items(10, 256, 7168, chunk=10) == (10, 30)
 
 
-def test_the_cut_fills_the_last_round():
-    # A512's 267 blocks on 132 SMs: one item a block leaves 3 CTAs a third round; the cut
-    # spreads that round over every CTA, and a plan that already fills its rounds stays whole
-    assert split_work(267, 256, 7168, 132)[0] == 1  # the default rule keeps gate_up's K whole
-    splits, chunk = split_work(267, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
-    assert splits > 1 and chunk < 28 and split_work(267, 256, 7168, 132)[1] == chunk
-    g, d = work_items(267, 256, 7168, splits, chunk)
-    # K steps (gate_up) and tiles (down) a CTA streams on the busiest CTA: 3 x 56 and 3 x 28 uncut
-    assert -(-g // 132) * (56 / splits) <= 0.85 * 3 * 56
-    assert -(-d // 132) * chunk <= 0.85 * 3 * 28
-    assert split_work(261, 256, 7168, 132) == (1, 28)  # A256: two full rounds
-    assert split_work(515, 256, 2048, 132) == (1, 8)   # Q512: four rounds, 97% full
-    # never a K range below MIN_SPLIT_STEPS steps, never a chunk of no tile
-    assert split_work(3, 256, 640, 132)[0] == 1
+def test_gate_up_ranges_fill_the_last_round():
+    # A512's 267 blocks on 132 SMs: one item a block leaves 3 CTAs a third round; K ranges spread
+    # that round over every CTA, and the default rule keeps gate_up's K whole
+    assert split_work(267, 512, 256, 7168, 132)[0] == 1
+    splits, _ = split_work(267, 512, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
+    g, _ = work_items(267, 256, 7168, splits)
+    assert splits > 1 and -(-g // 132) * (56 / splits) <= 0.85 * 3 * 56  # K steps on the busiest CTA
+    assert split_work(261, 256, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)[0] == 1  # two full rounds
+    # never a K range below MIN_SPLIT_STEPS steps
+    assert split_work(3, 8, 256, 640, 132, max_splits=fused_prefill.MAX_SPLITS)[0] == 1
     for blocks in (1, 5, 133, 300):
-        s, c = split_work(blocks, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
+        s, c = split_work(blocks, 4 * blocks, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
         assert 1 <= s <= fused_prefill.MAX_SPLITS and 7168 // 128 // s >= fused_prefill.MIN_SPLIT_STEPS
         assert 1 <= c <= 28
+
+
+def test_down_chunks_keep_the_window_of_output_columns():
+    window = fused_prefill.DOWN_WINDOW_BYTES
+    # four tiles while tokens x 4 x 256 BF16 columns fit the window, fewer past it, never none
+    assert down_chunk(2500, 8192, 7168, 132) == 4 and 8192 * 4 * 256 * 2 <= window
+    assert down_chunk(2500, 16384, 7168, 132) == 2 and 16384 * 3 * 256 * 2 > window
+    assert down_chunk(2800, 16384, 2048, 132) == 2
+    assert down_chunk(10**5, 10**6, 7168, 132) == 1
+    assert down_chunk(400, 1024, 7168, 132) == 4
+    assert down_chunk(10, 40, 640, 132) == 1  # K = 640: three tiles, and ten blocks fill no grid
+    # a plan of few blocks takes shorter chunks so that every CTA has an item
+    assert down_chunk(20, 512, 7168, 132) == 4  # 20 x 7 chunks: 140 items
+    assert down_chunk(10, 256, 7168, 132) == 2  # 10 x 7 and 10 x 10 leave CTAs idle, 10 x 14 does not
+    assert down_chunk(4, 64, 7168, 132) == 1  # 4 x 28: as many items as there are
+    assert split_work(2500, 16384, 256, 7168, 132)[1] == down_chunk(2500, 16384, 7168, 132)
 
 
 def _box_rows(tile: int, inter: int, gate_up: bool) -> list[int]:

@@ -65,13 +65,23 @@ def shared_bytes(stages: int = STAGES) -> int:
     return n + 2 * stages * 8 + 1024
 
 
-# Work cuts the host weighs (split_work). An item's fixed cost, in units of its own steps: a
-# gate_up K range stores and reloads a 64-row FP32 sum; a down chunk re-reads its plan entries.
-# The default rule never splits gate_up's K: at A512 three chained ranges took gate_up from
-# 155.4 us to 174.5 (docs/kernels.md); the chain stays as an option (make_prefill_launch's splits).
-MAX_SPLITS, SPLIT_COST, CHUNK_COST = 4, 2.0, 0.5
+# Work cuts the host weighs (split_work). gate_up: a K range's fixed cost, in units of its own
+# steps, is the 64-row FP32 sum it stores and reloads. The default rule never splits gate_up's K:
+# at A512 three chained ranges took gate_up from 155.4 us to 174.5 (docs/kernels.md); the chain
+# stays as an option (make_prefill_launch's splits).
+MAX_SPLITS, SPLIT_COST = 4, 2.0
 DEFAULT_MAX_SPLITS = 1
 MIN_SPLIT_STEPS = 4  # K steps a gate_up range keeps at least
+
+# down: items run block fastest, so the grid walks chunk r of every block before chunk r + 1 and
+# reduce-adds into tokens x chunk x BLOCK_N BF16 output values at once (the window). Chunks of 4
+# tiles were best or tied with 2 at every prefill shape timed (A1024-A16384, Q1024, Q4096) where the
+# window is at most 16 MiB; at Q16384 4 tiles are a 32 MiB window and 2 were faster; 1 tile an item
+# reads its plan entries 4x as often and was slower than 2 and 4 everywhere; whole rows of tiles
+# (the old cut) were slowest from A8192 up: down 822 -> 587 us at A8192, 1,656 -> 1,191 at A16384
+# (experiments/prefill-chunk.json.gz).
+DOWN_CHUNK = 4
+DOWN_WINDOW_BYTES = 16 * 2**20
 
 
 def _rounds_cost(units: int, parts: int, steps: int, ctas: int, fixed: float) -> float:
@@ -88,16 +98,28 @@ def _fewest_within(options: range, cost) -> int:
     return next(o for o in options if cost(o) <= best * CUT_SLACK)
 
 
-def split_work(blocks: int, N: int, K: int, ctas: int, max_splits: int = DEFAULT_MAX_SPLITS) -> tuple[int, int]:
-    """(splits, chunk): gate_up's K ranges a (block, group) and down's tiles an item, picked for
-    the plan's real block count so the last round of the persistent grid is not a few CTAs
-    streaming alone: the fewest items within CUT_SLACK of the model's best."""
-    groups, k_steps, tiles = N // 256, K // 128, -(-K // BLOCK_N)
+def down_chunk(blocks: int, tokens: int, K: int, ctas: int) -> int:
+    """Tiles a down item: DOWN_CHUNK, fewer while the window passes DOWN_WINDOW_BYTES, and fewer
+    again while a plan of few blocks leaves CTAs of the grid without an item."""
+    tiles = -(-K // BLOCK_N)
+    chunk = min(DOWN_CHUNK, tiles)
+    while chunk > 1 and tokens * chunk * BLOCK_N * 2 > DOWN_WINDOW_BYTES:
+        chunk -= 1
+    while chunk > 1 and max(blocks, 1) * -(-tiles // chunk) < ctas:
+        chunk -= 1
+    return chunk
+
+
+def split_work(blocks: int, tokens: int, N: int, K: int, ctas: int,
+               max_splits: int = DEFAULT_MAX_SPLITS) -> tuple[int, int]:
+    """(splits, chunk) for a plan of `blocks` real blocks over `tokens` tokens: gate_up's K ranges
+    a (block, group), the fewest within CUT_SLACK of the rounds model's best, so the last round of
+    the persistent grid is not a few CTAs streaming alone; down's tiles an item (down_chunk)."""
+    groups, k_steps = N // 256, K // 128
     units = max(blocks, 1)
     splits = _fewest_within(range(1, max(1, min(max_splits, MAX_SPLITS, k_steps // MIN_SPLIT_STEPS)) + 1),
                             lambda s: _rounds_cost(units * groups, s, k_steps, ctas, SPLIT_COST if s > 1 else 0.0))
-    chunks = _fewest_within(range(1, tiles + 1), lambda c: _rounds_cost(units, c, tiles, ctas, CHUNK_COST if c > 1 else 0.0))
-    return splits, -(-tiles // chunks)
+    return splits, down_chunk(blocks, tokens, K, ctas)
 
 
 def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None = None) -> tuple[int, int]:
@@ -220,7 +242,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     max_blocks = cap // BLOCK_M
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
-    cut = split_work(max_blocks if blocks is None else blocks, N, K, ctas)
+    cut = split_work(max_blocks if blocks is None else blocks, M, N, K, ctas)
     splits, chunk = splits or cut[0], chunk or cut[1]  # (split_work's are in range; the caller's checked above)
     items1, items2 = work_items(max_blocks, N, K, splits, chunk)
     # gate_up's chained K ranges: a 64-row FP32 sum a (block, group), flags 0 between launches
