@@ -2,8 +2,7 @@
 4096 and 16384 in families A and Q, one hot expert taking every token, E = 512 top-10 at an M
 that is no multiple of the block, other K and N, a persistent grid squeezed to 1 or 3 CTAs,
 garbage past the padded total, experts outside [0, E), poisoned intermediates, and accumulation
-into a non-zero output. Each kernel is run as shipped (clusters of two CTAs on the halves of
-128-slot blocks, weight tiles multicast) and, in the tests marked so, one CTA a 64-slot block."""
+into a non-zero output."""
 
 from __future__ import annotations
 
@@ -16,14 +15,12 @@ import torch
 from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.fused_arm import CudaFusedArm
-from moebench.kernels.fused_prefill import BLOCK_M, PLAN_BLOCKS, make_prefill_launch, prefill_weights
+from moebench.kernels.fused_prefill import BLOCK_M, make_prefill_launch, prefill_weights
 from moebench.kernels.parity import References, check_parity, compare
 
 from gpu_fixtures import with_garbage_past_the_padded_total
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]
-
-PAIRED, SINGLE = PLAN_BLOCKS[1], PLAN_BLOCKS[0]  # the plan's block: a cluster of two CTAs on it, or one
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,12 +40,11 @@ def at(family: str, M: int, seed: int):
 
 
 def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False, splits=None, chunk=None,
-                times=1, block=PAIRED):
+                times=1):
     w = w if w is not None else prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
-    plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, block).to(fx.device)
+    plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, BLOCK_M).to(fx.device)
     launch, out, _, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out,
                                                max_ctas=max_ctas, splits=splits, chunk=chunk)
-    assert dims["pair"] == plan.block_m // BLOCK_M and all(g[0] % dims["pair"] == 0 for g in dims["grids"])
     if splits is not None:
         assert dims["splits"] == splits
     start = out.clone()
@@ -80,7 +76,6 @@ def test_parity_through_the_arm(family, M):
     assert call.identity["path"] == "prefill"  # at M >= 4096 the route plan picks it
     assert [k.pattern for k in call.kernels] == ["moebench_prefill_gate_up", "moebench_prefill_down"]
     assert call.identity["spills"] == 0
-    assert call.identity["cluster"] == 2 and call.identity["plan_block_m"] == PAIRED
     p = check_parity(call, References(fx), f"{family}{M}")
     assert p.passed, f"{family}{M}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 
@@ -101,15 +96,14 @@ def test_decode_sized_calls_keep_the_decode_kernel():
     assert call.identity["path"] == "decode" and call.kernels_per_sample == 1
 
 
-@pytest.mark.parametrize("block", [PAIRED, SINGLE])
-def test_one_hot_expert_takes_every_token(block):
+def test_one_hot_expert_takes_every_token():
     b = base("Q")
     M, E, top_k = 1000, b.spec.E, b.spec.top_k
     g = torch.Generator().manual_seed(41)
     others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
     ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 16 blocks, the last one partial
     fx = derive(b, seed=41, topk_ids=ids)
-    assert_parity(fx, run_prefill(fx, w=weights("Q"), block=block), f"Q1000-hot-{block}")
+    assert_parity(fx, run_prefill(fx, w=weights("Q")), "Q1000-hot")
 
 
 def test_every_token_on_the_same_experts():
@@ -120,21 +114,19 @@ def test_every_token_on_the_same_experts():
     assert_parity(fx, run_prefill(fx, w=weights("A")), "A300-same")
 
 
-@pytest.mark.parametrize("block", [PAIRED, SINGLE])
 @pytest.mark.parametrize("family, M", [("Q", 1000), ("A", 777)])
-def test_parity_m_not_a_multiple_of_the_block(family, M, block):
+def test_parity_m_not_a_multiple_of_the_block(family, M):
     fx = at(family, M, seed=43)
     assert (family != "Q") or (fx.spec.E == 512 and fx.spec.top_k == 10)
-    assert_parity(fx, run_prefill(fx, w=weights(family), block=block), f"{family}{M}-{block}")
+    assert_parity(fx, run_prefill(fx, w=weights(family)), f"{family}{M}")
 
 
-@pytest.mark.parametrize("ctas, block", [(1, SINGLE), (3, SINGLE), (1, PAIRED), (3, PAIRED), (4, PAIRED)])
-def test_few_ctas_walk_every_item(ctas, block):
-    # the persistent grid squeezed: one CTA (or one cluster of two, where 1 or 3 are asked for a
-    # paired plan) takes ~400 items of each kernel, so the ring's barriers wrap their phases
-    # hundreds of times across item boundaries, in step with the peer's
+@pytest.mark.parametrize("ctas", [1, 3])
+def test_few_ctas_walk_every_item(ctas):
+    # the persistent grid squeezed: one CTA takes ~400 items of each kernel, so the ring's
+    # barriers wrap their phases hundreds of times across item boundaries
     fx = at("Q", 512, seed=44)
-    assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas, block=block), f"Q512-{ctas}cta-{block}")
+    assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas), f"Q512-{ctas}cta")
 
 
 def test_poisoned_intermediate_and_a_nonzero_output():
@@ -147,23 +139,21 @@ def test_poisoned_intermediate_and_a_nonzero_output():
     assert_parity(fx, out.float() - before.float(), "A1024-poisoned-accumulate", ref=ref)
 
 
-@pytest.mark.parametrize("block", [PAIRED, SINGLE])
-def test_garbage_past_the_padded_total_is_ignored(block):
+def test_garbage_past_the_padded_total_is_ignored():
     fx = at("Q", 700, seed=46)
-    plan = route_plan(fx.topk_ids, fx.spec.E, block)
+    plan = route_plan(fx.topk_ids, fx.spec.E, BLOCK_M)
     garbage = with_garbage_past_the_padded_total(plan, fx.spec.E, seed=46)
     assert garbage.sorted_token_ids.numel() > plan.padded_total and garbage.expert_ids.numel() > plan.num_blocks
     assert_parity(fx, run_prefill(fx, w=weights("Q"), plan=garbage, poison=True), "Q700-garbage")
 
 
-@pytest.mark.parametrize("block", [PAIRED, SINGLE])
-def test_blocks_with_an_expert_outside_the_range_are_skipped(block):
+def test_blocks_with_an_expert_outside_the_range_are_skipped():
     fx = at("Q", 2048, seed=47)
-    plan = route_plan(fx.topk_ids, fx.spec.E, block)
+    plan = route_plan(fx.topk_ids, fx.spec.E, BLOCK_M)
     skip = torch.arange(1, plan.num_blocks, 7)
     experts = plan.expert_ids.clone()
     experts[skip] = torch.where(skip % 2 == 0, -1, fx.spec.E + 3).to(torch.int32)
-    slots = plan.sorted_token_ids.view(-1, block)[skip].flatten()
+    slots = plan.sorted_token_ids.view(-1, BLOCK_M)[skip].flatten()
     slots = slots[slots < plan.num_slots].long()
     kept = type(plan)(plan.block_m, plan.sorted_token_ids, experts, plan.num_tokens_post_padded, plan.num_slots)
     out = run_prefill(fx, w=weights("Q"), plan=kept.to("cuda"), poison=True)
@@ -190,16 +180,14 @@ def test_parity_other_dims(name):
     assert_parity(fx, run_prefill(fx, poison=True), name)
 
 
-@pytest.mark.parametrize("block", [PAIRED, SINGLE])
-def test_small_prefill_for_the_sanitizers(block):
+def test_small_prefill_for_the_sanitizers():
     # The shape compute-sanitizer runs (memcheck and racecheck, docs/kernels.md): small enough to
     # finish under racecheck, yet every mechanism of the path: chained K ranges over several
     # chunks of one requant group's K, down in chunks, three CTAs walking many items each, a
     # second launch after the first left its flags lowered, garbage intermediates.
     fam, M, seed = OTHER_DIMS["U200 (K=640)"]
     fx = build_fixture(ShapeSpec("U200", fam, M, seed=seed)).to("cuda")
-    assert_parity(fx, run_prefill(fx, poison=True, max_ctas=3, splits=2, chunk=1, times=2, block=block),
-                  f"U200-sanitizers-{block}")
+    assert_parity(fx, run_prefill(fx, poison=True, max_ctas=3, splits=2, chunk=1, times=2), "U200-sanitizers")
 
 
 # ------------------------------------------------------------------------------ the work cuts
@@ -260,14 +248,3 @@ def test_e512_top10_poisoned_with_k_ranges():
     out = run_prefill(fx, w=weights("Q"), out=before.clone(), poison=True, splits=4, chunk=2)
     assert torch.isfinite(out.float()).all()
     assert_parity(fx, out.float() - before.float(), "Q512-poisoned-s4", ref=ref)
-
-
-@pytest.mark.parametrize("family", ["A", "Q"])
-def test_one_cta_a_block_through_the_arm(family):
-    """`pair=false` (a --variant of the arm): 64-slot blocks, each CTA loading its own weight tiles."""
-    fx = at(family, 4096, seed=54)
-    call = CudaFusedArm(pair=False).prepare(fx)
-    assert call.identity["cluster"] == 1 and call.identity["plan_block_m"] == SINGLE
-    assert call.identity["path"] == "prefill" and call.identity["cut_by"] == "split_work"
-    p = check_parity(call, References(fx), f"{family}4096-single")
-    assert p.passed, f"{family}4096-single: {p.reason()} (rel_l2={p.rel_l2:.3g})"

@@ -241,8 +241,7 @@ class CudaFusedArm(Arm):
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
-                 source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None,
-                 pair: bool | None = None):
+                 source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None):
         if path is not None and path not in PATHS:
             raise UserError(f"cuda-fused: path={path!r} must be one of {', '.join(PATHS)}")
         if cluster is not None and cluster not in CLUSTERS:
@@ -252,13 +251,10 @@ class CudaFusedArm(Arm):
         for key, value in (("chunk", chunk), ("splits", splits)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise UserError(f"cuda-fused: {key}={value!r} must be a whole number of at least 1")
-        if pair is not None and not isinstance(pair, bool):
-            raise UserError(f"cuda-fused: pair={pair!r} must be true or false")
-        # the prefill kernels' options: the work cut (fused_prefill.split_work when None), down's
-        # w2 tiles an item and gate_up's K ranges a (block, group); and whether clusters of two
-        # CTAs share weight tiles (pair, the default) or each CTA loads its own
-        self.chunk, self.splits, self.pair = chunk, splits, pair
-        cut = [k for k in ("chunk", "splits", "pair") if getattr(self, k) is not None]
+        # the prefill kernels' work cut (fused_prefill.split_work when None): down's w2 tiles an
+        # item, gate_up's K ranges a (block, group)
+        self.chunk, self.splits = chunk, splits
+        cut = [k for k in ("chunk", "splits") if getattr(self, k) is not None]
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
         self.max_clusters = max_clusters
         self.source = source or shipped_source()
@@ -303,8 +299,7 @@ class CudaFusedArm(Arm):
         rule = dict(chosen_by=self.path, routed_experts=routed, min_tokens_per_expert=MIN_TOKENS_PER_EXPERT,
                     grouped_slots_per_expert=list(GROUPED_SLOTS_PER_EXPERT), grouped_min_K=GROUPED_MIN_K)
         if path == "prefill":
-            call = prepare_prefill_call(self.name, fx, chunk=self.chunk, splits=self.splits,
-                                        pair=self.pair is not False)
+            call = prepare_prefill_call(self.name, fx, chunk=self.chunk, splits=self.splits)
             call.identity["path_rule"] = rule
             return call
         if path == "grouped":  # cuda-swapab's three kernels, under this arm's name

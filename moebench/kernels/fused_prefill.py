@@ -27,8 +27,6 @@ from moebench.kernels.fused_layout import FP8, GROUP
 SOURCE = "sm90_fused_prefill.cu"
 GATE_UP, DOWN = "moebench_prefill_gate_up", "moebench_prefill_down"
 BLOCK_M = 64  # slots per route-plan block: the wgmma M (the .cu's BLOCK_M)
-# Plans the kernels take: blocks of 64 (one CTA each) or of 128 (a cluster of two on its halves).
-PLAN_BLOCKS = (BLOCK_M, 2 * BLOCK_M)
 BLOCK_N = 256  # weight rows per work item: two consumer warpgroups of 128 (the .cu's BLOCK_N)
 THREADS = 288  # two consumer warpgroups + one producer warp
 THREADS_CONSUMING = 256  # the two consumer warpgroups: gate_up's chained sums hold 64 floats each
@@ -181,9 +179,8 @@ def validate_prefill(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weight
           f"topk_weights must be float32 [M={M}, top_k], got {topk_weights.dtype} {list(topk_weights.shape)}")
     top_k = topk_weights.shape[1]
     _need(1 <= top_k <= MAX_TOP_K, f"top_k={top_k} must be in [1, {MAX_TOP_K}]")
-    _need(plan.block_m in PLAN_BLOCKS, f"the prefill path takes plans of block_m {' or '.join(map(str, PLAN_BLOCKS))}"
-          f" (one CTA a block, or two CTAs on its halves), got {plan.block_m}")
-    cap = check_plan(plan, M * top_k, E, plan.block_m)
+    _need(plan.block_m == BLOCK_M, f"the prefill path takes plans of block_m={BLOCK_M}, got {plan.block_m}")
+    cap = check_plan(plan, M * top_k, E, BLOCK_M)
     _need(M * top_k * max(I, K) < 2**31, "the problem is too large for one launch")
     if out is not None:
         _need(out.dtype == torch.bfloat16 and tuple(out.shape) == (M, K), f"out must be bfloat16 [{M}, {K}]")
@@ -197,16 +194,14 @@ def validate_prefill(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weight
     _need(x.device.type == "cuda", f"tensors must be on a CUDA device, got {x.device}")
     cc = torch.cuda.get_device_capability(x.device)
     _need(cc == (9, 0), f"needs an sm_90 GPU (H100/H200), {x.device} is sm_{cc[0]}{cc[1]}")
-    return dict(M=M, K=K, N=N, I=I, E=E, top_k=top_k, capacity=cap, pair=plan.block_m // BLOCK_M)
+    return dict(M=M, K=K, N=N, I=I, E=E, top_k=top_k, capacity=cap)
 
 
 # Cached per process in the arm's own module, like fused_arm.build_fused.
 @functools.lru_cache(maxsize=None)
-def build_prefill(stages: int = STAGES, pair: int = 2):
-    """pair 2: the kernels run as clusters of two CTAs on the halves of 128-slot plan blocks (the
-    .cu's PAIR), sharing each weight tile by TMA multicast; pair 1: one CTA a 64-slot block."""
+def build_prefill(stages: int = STAGES):
     from moebench.kernels.cuda_build import compile_source
-    return compile_source(SOURCE, defines={"STAGES": str(stages), "PAIR": str(pair)})
+    return compile_source(SOURCE, defines={"STAGES": str(stages)})
 
 
 def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
@@ -239,8 +234,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     a_scale = torch.empty(slots, I // GROUP, dtype=torch.float32, device=dev)
     route_w = topk_weights.reshape(-1)
     w1_map, w2_map = tensor_map(w.w1, (64, 128)), tensor_map(w.w2, (64, 128))
-    pair = dims["pair"]
-    module = build_prefill(STAGES, pair)
+    module = build_prefill(STAGES)
     smem = shared_bytes(STAGES)
     k1, k2 = module.kernel(GATE_UP, dev.index), module.kernel(DOWN, dev.index)
     for k in (k1, k2):
@@ -248,7 +242,6 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     max_blocks = cap // BLOCK_M
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
-    ctas = max(pair, ctas - ctas % pair)  # whole clusters
     cut = split_work(max_blocks if blocks is None else blocks, M, N, K, ctas)
     splits, chunk = splits or cut[0], chunk or cut[1]  # (split_work's are in range; the caller's checked above)
     items1, items2 = work_items(max_blocks, N, K, splits, chunk)
@@ -281,15 +274,14 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
 
 
 def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None,
-                         splits: int | None = None, pair: bool = True):
+                         splits: int | None = None):
     """The arm's prepared call on this path (untimed: plan, views, buffers, build); `chunk` and
-    `splits` override the work cut (split_work's, for the plan's real blocks, when None); `pair`
-    runs clusters of two CTAs on 128-slot blocks (False: one CTA a 64-slot block)."""
+    `splits` override the work cut (split_work's, for the plan's real blocks, when None)."""
     from moebench.fixtures import route_plan
     from moebench.kernels.arm import KernelDecl, PreparedCall
     s = fx.spec
-    plan = route_plan(fx.topk_ids, s.E, PLAN_BLOCKS[1] if pair else BLOCK_M)
-    blocks = plan.padded_total // BLOCK_M  # the kernels' blocks: 64 slots each
+    plan = route_plan(fx.topk_ids, s.E, BLOCK_M)
+    blocks = plan.num_blocks
     plan = plan.to(fx.device)
     w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
@@ -297,8 +289,6 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
     identity = {
         "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
-        "plan_block_m": plan.block_m, "cluster": dims["pair"],
-        "weights_by": "TMA multicast to a cluster of 2" if dims["pair"] == 2 else "TMA",
         "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
         "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
         "splits": dims["splits"], "chunk": dims["chunk"], "cut_by": "arm options" if chunk or splits else "split_work",

@@ -50,13 +50,6 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
-// PAIR 2: clusters of two CTAs on the two 64-slot halves of one 128-slot plan block (same expert,
-// same tile, same K step): each CTA's producer loads two of a stage's four weight boxes and
-// multicasts them to both, so a weight tile leaves L2 once for 128 slots. PAIR 1: one CTA a block.
-#ifndef PAIR
-#define PAIR 2
-#endif
-static_assert(PAIR == 1 || PAIR == 2, "PAIR is 1 or 2");
 
 constexpr int BLOCK_M = 64;     // slots per route-plan block: wgmma's M
 constexpr int BLOCK_N = 256;    // weight rows per item: 128 per consumer warpgroup (wgmma N)
@@ -65,7 +58,6 @@ constexpr int BLOCK_K = 128;    // K per step: one FP8 scale block, one 128-byte
 constexpr int BOX_ROWS = 64;    // rows per TMA box
 constexpr int CONSUMERS = 256;  // two warpgroups
 constexpr int THREADS = CONSUMERS + 32;
-constexpr int REMOTE_ARRIVALS = PAIR == 2 ? CONSUMERS / 32 : 0;  // the peer's consumer warps, one each
 constexpr int LAG = 2;          // producer steps between issuing a stage's cp.async and publishing it
 static_assert(LAG < STAGES, "the producer would wait on a stage it has not published");
 
@@ -123,39 +115,6 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 __device__ __forceinline__ void red_add_bf16x8(uint16_t* out, uint4 v) {
   asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};"
                :: "l"(out), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-// ------------------------------------------------------------------ the pair's cluster
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// Every thread of both CTAs: what each did before (barrier inits, remote arrivals, multicast
-// issues) is visible to the other after.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// One arrival on the mbarrier at the same offset in CTA `rank` of the cluster. Relaxed, as the
-// decode kernel's: it says this warp's wgmma reads of the stage are done, and they are (waited).
-__device__ __forceinline__ void mbar_arrive_peer(uint64_t* bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
-// tma_load_2d into the same offset of every CTA in `mask`, completing there on the mbarrier at
-// `bar`'s offset.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const TmaDescriptor* map, uint64_t* bar,
-                                                      int c0, int c1, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;"
-      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(mask)
-      : "memory");
 }
 
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
@@ -235,13 +194,12 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   const int k_steps = p.k_dim / BLOCK_K;
   const int items = num_items<GATE_UP>(p);
   const int scale_rows = p.rows_per_expert / 128;
-  const uint32_t rank = PAIR == 2 ? cluster_rank() : 0;
   if (lane == 0) tma_prefetch_descriptor(p.w_map);
   // An item's plan entries (its expert, this lane's rows `lane` and `lane + 32`) are read one
   // item ahead, so their latency hides behind the current item's stream.
   int item = blockIdx.x, expert = -1, slot_lo = -1, slot_hi = -1;
   if (item < items) {
-    expert = p.expert_ids[(item % p.blocks) / PAIR];
+    expert = p.expert_ids[item % p.blocks];
     slot_lo = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane];
     slot_hi = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32];
   }
@@ -251,7 +209,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
     const int next = item + gridDim.x;
     int next_expert = -1, next_lo = -1, next_hi = -1;
     if (next < items) {
-      next_expert = p.expert_ids[(next % p.blocks) / PAIR];
+      next_expert = p.expert_ids[next % p.blocks];
       next_lo = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane];
       next_hi = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane + 32];
     }
@@ -274,18 +232,11 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
           uint8_t* b_stage = smem + OFF_B + s * B_TILE;
           float* sc = reinterpret_cast<float*>(smem + OFF_S) + s * SCALES;
           if (lane == 0) {
-            // all four boxes land in this CTA's stage (with PAIR 2, two from each CTA's producer;
-            // the peer's may land first: the phase still waits for this arrival)
             mbar_arrive_expect_tx(&full[s], B_TILE);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              void* dst = b_stage + i * BOX_ROWS * BLOCK_K;
-              const int row = expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2);
-              if (PAIR == 1)
-                tma_load_2d(dst, p.w_map, &full[s], kb * BLOCK_K, row);
-              else if (i / 2 == int(rank))
-                tma_load_2d_multicast(dst, p.w_map, &full[s], kb * BLOCK_K, row, 0x3);
-            }
+            for (int i = 0; i < 4; ++i)
+              tma_load_2d(b_stage + i * BOX_ROWS * BLOCK_K, p.w_map, &full[s], kb * BLOCK_K,
+                          expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
             cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
             cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
           }
@@ -325,7 +276,7 @@ struct ItemMeta {
 
 __device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0) {
   const int block = item % p.blocks;
-  return ItemMeta{p.expert_ids[block / PAIR], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
+  return ItemMeta{p.expert_ids[block], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
 }
 
 template <bool GATE_UP>
@@ -378,10 +329,6 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
         const float wlo = GATE_UP ? sc[BLOCK_M] : sc[BLOCK_M + wg];
         const float whi = GATE_UP ? sc[BLOCK_M + 1] : wlo;
         mbar_arrive(&empty[s]);  // this thread's reads of stage s are done (every reader arrives)
-        if (PAIR == 2) {  // and the warp's, to the peer, whose producer multicasts into this stage too
-          __syncwarp();
-          if (lane == 0) mbar_arrive_peer(&empty[s], cluster_rank() ^ 1);
-        }
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           const float ws = j < 8 ? wlo : whi;  // gate_up: columns 0-63 gate, 64-127 up
@@ -514,19 +461,15 @@ __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_s
     if (dynamic_smem_size() < uint32_t(SMEM_BYTES)) __trap();
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 32 + 1);           // 32 producer lanes (activations landed) + the TMA expect_tx
-      mbar_init(&empty[s], CONSUMERS + REMOTE_ARRIVALS);  // each consumer thread, each peer consumer warp
+      mbar_init(&empty[s], CONSUMERS);       // one arrival per consumer thread
     }
     mbar_fence_init();
   }
-  if (PAIR == 2)
-    cluster_sync();  // the peer's barriers are initialized before the first multicast or remote arrival
-  else
-    __syncthreads();
+  __syncthreads();
   if (threadIdx.x >= CONSUMERS)
     produce<GATE_UP>(p, smem, full, empty);
   else
     consume<GATE_UP>(p, smem, full, empty, a_out, a_scale_out, route_w, out, top_k);
-  if (PAIR == 2) cluster_sync();  // no CTA leaves while its peer may still write into it
 }
 
 __device__ __forceinline__ int plan_blocks(const int* num_post_padded, int max_blocks) {
@@ -535,13 +478,7 @@ __device__ __forceinline__ int plan_blocks(const int* num_post_padded, int max_b
 
 // GEMM1 + SwiGLU + requant: x [M, K] FP8 (scales [M, K/128]) against w1 [E * 2I, K] (gate rows
 // first); writes a [slots, I] FP8 and a_scale [slots, I/128] for every real slot of a done block.
-#if PAIR == 2
-#define PREFILL_KERNEL extern "C" __global__ void __launch_bounds__(THREADS, 1) __cluster_dims__(2, 1, 1)
-#else
-#define PREFILL_KERNEL extern "C" __global__ void __launch_bounds__(THREADS, 1)
-#endif
-
-PREFILL_KERNEL moebench_prefill_gate_up(
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_up(
     const __grid_constant__ TmaDescriptor w1_map, const float* w1_scale, const uint8_t* x, const float* x_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, uint8_t* a, float* a_scale,
     int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float* part,
@@ -554,7 +491,7 @@ PREFILL_KERNEL moebench_prefill_gate_up(
 
 // GEMM2 + combine: a [slots, I] against w2 [E * K, I]; out[slot / top_k, :K] += route_w[slot] * .
 // in BF16 (out is accumulated into, not zeroed).
-PREFILL_KERNEL moebench_prefill_down(
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(
     const __grid_constant__ TmaDescriptor w2_map, const float* w2_scale, const uint8_t* a, const float* a_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, const float* route_w,
     uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk) {
