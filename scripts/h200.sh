@@ -109,8 +109,9 @@ for s in "$@"; do case $s in
   fused-alone) stage fused-alone python3 -m moebench run ${ALONE_SHAPES:---shape Q8,A8} \
          --variant c4=cuda-fused:cluster=4 --variant c1=cuda-fused:cluster=1 --out "$R/alone" ;;
   run-args) stage run-args bash -c "python3 -m moebench run --out $R $RUN_ARGS" ;;  # RUN_ARGS: builds, shapes, --ref
-  prefill-chunk) stage prefill-chunk python3 -m moebench run --shape A2048,A4096,A8192,A16384,Q4096,Q16384 \
-      --arms cuda-fused --variant c1=cuda-fused:chunk=1 --ref cuda-fused --out "$R/prefill-chunk" ;;
+  prefill-chunk) stage prefill-chunk python3 -m moebench run --shape A1024,A2048,A4096,A8192,A16384,Q1024,Q4096,Q16384 \
+      --arms cuda-fused --variant c1=cuda-fused:chunk=1 --variant c2=cuda-fused:chunk=2 --variant c4=cuda-fused:chunk=4 \
+      --ref cuda-fused --out "$R/prefill-chunk" ;;
   reduce-probe) stage reduce-probe bash -c "for m in 4 16 32 48 128 512; do python3 -m moebench probe --op reduce --mib \$m --samples 30; done" ;;
   memcheck) stage memcheck bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ${SAN_ARGS:-}" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
