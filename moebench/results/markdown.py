@@ -123,7 +123,9 @@ def _summary_table(ix: ResultIndex) -> str:
                 cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))
             cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
             cells += floor_cells(floors, shape, s.median_ns)
-            rows.append(cells + [det_text(det.get((shape, arm)))] if det else cells)
+            if det:
+                cells.append(det_text(det.get((shape, arm))))
+            rows.append(cells)
     note = floor_note(ix)
     align = "llrrrrrrrr" + ("r" if builds else "") + "rrlr" + ("l" if det else "")
     return _table(header, align, rows) + (f"\n\n{note}." if note else "")
