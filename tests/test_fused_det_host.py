@@ -65,10 +65,11 @@ def test_deterministic_sass_stores_instead_of_reducing(cache, tmp_path):
     assert "REDG" not in fused and "STG.E.128" in fused  # each contribution into its own row
     assert "HMMA" in fused and "CALL" not in fused and not re.search(r"\b(LDL|STL)\b", fused)
     assert "REDG" not in combine and "ATOM" not in combine and "LDG.E.128" in combine
-    # PDL: the fused kernel lets the combine launch (PREEXIT), the combine waits for the fused
-    # grid's end (ACQBULK) before its first load, and reads the workspace through L2 (.STRONG.GPU)
+    # PDL: the fused kernel lets the combine launch (PREEXIT); the combine loads the output's old
+    # value before it waits for the fused grid's end (ACQBULK), and the workspace, through L2
+    # (.STRONG.GPU), only after
     assert "PREEXIT" in fused
-    assert combine.index("ACQBULK") < combine.index("LDG")
+    assert combine.index("LDG") < combine.index("ACQBULK") < combine.index("LDG.E.128.STRONG.GPU")
     assert len(re.findall(r"LDG\.E\.128\.STRONG\.GPU", combine)) == 10  # one batch of rows in flight
     default = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(8, 5, 2, 4))
     cubin.write_bytes(default.cubin)

@@ -1247,8 +1247,8 @@ moebench_fused_moe(
 // 16 * top_k * G bytes and writes 16 (A8: 1.0 MB read, 115 KB written). The loads of a batch
 // all go out before the first add (one L2 round trip a batch, not one a row); the adds keep
 // the order. Launched with programmatic stream serialization: its CTAs may start while the
-// fused kernel runs (that kernel lets its dependents launch as it starts), and wait here until
-// it has completed and its workspace stores are visible. The workspace is read through L2
+// fused kernel runs (that kernel lets its dependents launch as it starts), read the output's old
+// value, and wait until it has completed and its workspace stores are visible. The workspace is read through L2
 // (ld.global.cg): the fused kernel writes it during this grid's lifetime.
 // Two BF16 (low half first) added to s0, s1; and two FP32 sums rounded back to BF16x2.
 __device__ __forceinline__ void add_bf16x2(float& s0, float& s1, u32 v) {
@@ -1266,10 +1266,14 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned short* __restrict__ out,
                            int M, int top_k, int G, int K)
 {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     const int K8 = K >> 3;
     const long long i = static_cast<long long>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
     if (i >= static_cast<long long>(M) * K8) return;
+    // The output is not the fused kernel's to write (it writes the workspace), so its old value is
+    // read before the wait: that load's HBM round trip is off the tail past the fused grid's end.
+    uint4* dst = reinterpret_cast<uint4*>(out) + i;
+    const uint4 o = *dst;
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     const int t = static_cast<int>(i / K8), col = static_cast<int>(i - static_cast<long long>(t) * K8);
     const int rows = top_k * G;
     const uint4* src = reinterpret_cast<const uint4*>(part) + static_cast<size_t>(t) * rows * K8 + col;
@@ -1288,8 +1292,6 @@ moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned sho
             add_bf16x2(s6, s7, v[u].w);
         }
     }
-    uint4* dst = reinterpret_cast<uint4*>(out) + i;
-    const uint4 o = *dst;
     *dst = make_uint4(bf16x2_plus(o.x, s0, s1), bf16x2_plus(o.y, s2, s3), bf16x2_plus(o.z, s4, s5),
                       bf16x2_plus(o.w, s6, s7));
 }
