@@ -209,6 +209,18 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// The same for weights, which a launch reads once: under an L2 evict_first policy, so the lines
+// that stream through the L2 go before the ones read again in this launch (activations, the
+// output the epilogues reduce into, the DETERMINISTIC workspace the combine reads at the end).
+__device__ __forceinline__ void bulk_copy_once(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile(
+        "{\n"
+        ".reg .b64 policy;\n"
+        "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], policy;\n"
+        "}\n" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 // One line into L2 (no register written; its address translation is filled on the way).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
@@ -779,7 +791,7 @@ struct Producer {
                 const bool out = n == 0 && j < EARLY_CHUNKS;
                 mbar_arrive_expect_tx(sm.full + 8 * st, (out ? 0 : wbytes) + valid * abytes);
                 if (!out)
-                    bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
+                    bulk_copy_once(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
                               wbytes, sm.full + 8 * st);
             }
             for (int r = lane; r < BLOCK_M; r += 32) {
@@ -792,7 +804,7 @@ struct Producer {
             const u8* w2_cta = a.w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
             const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
             mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-            bulk_copy(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+            bulk_copy_once(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
                       wbytes, sm.full + 8 * st);
         }
         ++gc;
@@ -824,11 +836,11 @@ struct Producer {
             const u8* src = a.w1f + cta * (2 * COLS) * static_cast<size_t>(K);
             const u32 wb = min(KBC, KB) * MT1 * 2048;  // chunk 0
             mbar_expect_tx(sm.full, wb);
-            bulk_copy(smem_u32(sm.ring), src, wb, sm.full);
+            bulk_copy_once(smem_u32(sm.ring), src, wb, sm.full);
             if (n1 > 1) {  // chunk 1 (n1 > 1: KB > KBC)
                 const u32 wb1 = min(KBC, KB - KBC) * MT1 * 2048;
                 mbar_expect_tx(sm.full + 8, wb1);
-                bulk_copy(smem_u32(sm.ring + CHUNK_BYTES), src + CHUNK_BYTES, wb1, sm.full + 8);
+                bulk_copy_once(smem_u32(sm.ring + CHUNK_BYTES), src + CHUNK_BYTES, wb1, sm.full + 8);
             }
         }
         begin_meta(0);
