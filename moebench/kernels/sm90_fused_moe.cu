@@ -77,8 +77,10 @@
 // column of every mma, its requant over its own 128 values, its route weight), whatever block
 // or neighbours the route plan gives it; the one per-build difference, the accumulator chains
 // of mma_block, is pinned to two. The combine is launched as this kernel's programmatic
-// dependent (PDL): each CTA lets it launch as it starts, so its CTAs are placed while this grid
-// runs and its launch does not follow this grid's end; it waits for that end before it reads.
+// dependent (PDL): each CTA lets it launch once its items are done, so its launch does not
+// follow this grid's end and its CTAs are placed on SMs this grid is leaving (a trigger at the
+// CTAs' start, which placed them beside running CTAs, left 1 µs more past this grid's end at A8:
+// experiments/cuda-fused-det-late-trigger.json.gz); it waits for that end before it reads.
 //
 // The kernel body is the sequence of its stages: set-up, then the producer warp
 // (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
@@ -1239,10 +1241,10 @@ moebench_fused_moe(
                   static_cast<int>(gridDim.x / CLUSTER)};
     FirstTrip first;
     if (FIRST_AT_ENTRY && p.warp == 8) first_trip_at_entry(first, a, p);
-    if constexpr (DETERMINISTIC) asm volatile("griddepcontrol.launch_dependents;");  // the combine
     set_up(smem_base, K, tid);
     if (p.warp == 8) produce_items(a, smem_base, first, p);
     else consume_items(a, smem_base, p);
+    if constexpr (DETERMINISTIC) asm volatile("griddepcontrol.launch_dependents;");  // the combine
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
     cluster_wait_acquire();
@@ -1259,8 +1261,8 @@ moebench_fused_moe(
 // 16 * top_k * G bytes and writes 16 (A8: 1.0 MB read, 115 KB written). The loads of a batch
 // all go out before the first add (one L2 round trip a batch, not one a row); the adds keep
 // the order. Launched with programmatic stream serialization: its CTAs may start while the
-// fused kernel runs (that kernel lets its dependents launch as it starts), read the output's old
-// value, and wait until it has completed and its workspace stores are visible. The workspace is read through L2
+// fused kernel's last CTAs finish (that kernel lets its dependents launch as its CTAs' items
+// are done), read the output's old value, and wait until it has completed and its workspace stores are visible. The workspace is read through L2
 // (ld.global.cg): the fused kernel writes it during this grid's lifetime.
 // Two BF16 (low half first) added to s0, s1; and two FP32 sums rounded back to BF16x2.
 __device__ __forceinline__ void add_bf16x2(float& s0, float& s1, u32 v) {
