@@ -219,7 +219,8 @@ __device__ __forceinline__ void bulk_copy_once(u32 dst, const void* src, u32 byt
         "{\n"
         ".reg .b64 policy;\n"
         "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], policy;\n"
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], policy;\n"
         "}\n" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
@@ -794,7 +795,7 @@ struct Producer {
                 mbar_arrive_expect_tx(sm.full + 8 * st, (out ? 0 : wbytes) + valid * abytes);
                 if (!out)
                     bulk_copy_once(smem_u32(sm.ring + st * CHUNK_BYTES), w1_cta + static_cast<size_t>(j) * CHUNK_BYTES,
-                              wbytes, sm.full + 8 * st);
+                                   wbytes, sm.full + 8 * st);
             }
             for (int r = lane; r < BLOCK_M; r += 32) {
                 const int t = m.tok[r];
@@ -807,7 +808,7 @@ struct Producer {
             const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
             mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
             bulk_copy_once(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
-                      wbytes, sm.full + 8 * st);
+                           wbytes, sm.full + 8 * st);
         }
         ++gc;
     }
@@ -1262,8 +1263,9 @@ moebench_fused_moe(
 // all go out before the first add (one L2 round trip a batch, not one a row); the adds keep
 // the order. Launched with programmatic stream serialization: its CTAs may start while the
 // fused kernel's last CTAs finish (that kernel lets its dependents launch as its CTAs' items
-// are done), read the output's old value, and wait until it has completed and its workspace stores are visible. The workspace is read through L2
-// (ld.global.cg): the fused kernel writes it during this grid's lifetime.
+// are done), read the output's old value, and wait until that kernel has completed and its
+// workspace stores are visible. The workspace is read through L2 (ld.global.cg): the fused
+// kernel writes it during this grid's lifetime.
 // Two BF16 (low half first) added to s0, s1; and two FP32 sums rounded back to BF16x2.
 __device__ __forceinline__ void add_bf16x2(float& s0, float& s1, u32 v) {
     s0 += __uint_as_float(v << 16);
