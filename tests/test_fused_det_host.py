@@ -69,6 +69,7 @@ def test_deterministic_sass_stores_instead_of_reducing(cache, tmp_path):
     # value before it waits for the fused grid's end (ACQBULK), and the workspace, through L2
     # (.STRONG.GPU), only after
     assert "PREEXIT" in fused
+    assert fused.index("PREEXIT") > fused.rindex("HMMA")  # the trigger once a CTA's items are done
     assert combine.index("LDG") < combine.index("ACQBULK") < combine.index("LDG.E.128.STRONG.GPU")
     assert len(re.findall(r"LDG\.E\.128\.STRONG\.GPU", combine)) == 10  # one batch of rows in flight
     default = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(8, 5, 2, 4))
