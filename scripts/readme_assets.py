@@ -209,8 +209,8 @@ def sections() -> dict[str, str]:
         "ncu": log_lines("ncu-probe.log", r"^add: median", r"^ncu "),
         "wall": log_lines("wall-1200-samples.log", r"audited", r"^real") + "\n"
                 + log_lines("wall-2400-samples.log", r"audited", r"^real"),
-        "all-arms": moebench("report", "results/h200/all-arms.json", "--format", "summary"),
-        "stock": moebench("report", "results/h200/stock-referee.json", "--format", "summary"),
+        "all-arms": report_summary("all-arms"),
+        "stock": report_summary("stock-referee"),
         "stock-no-pdl": referee_sentence("stock-referee-no-pdl.json.gz"),
         "repeat": moebench("compare", "results/h200/all-arms-before-fused-split.json.gz",
                            "results/h200/all-arms-after-fused-split.json.gz",
@@ -225,18 +225,21 @@ def sections() -> dict[str, str]:
         "aa-proof": (RESULTS / "aa-proof" / "summary.md").read_text(),
         "fused-every-m": fused_every_m(),
         "a1-placement": placement_table(),
-        "sweep-fused-A": moebench("report", "results/h200/sweep-fused-A.json.gz", "--format", "summary",
-                                  *REPORT_REF.get("sweep-fused-A", ())),
-        "sweep-fused-Q": moebench("report", "results/h200/sweep-fused-Q.json.gz", "--format", "summary",
-                                  *REPORT_REF.get("sweep-fused-Q", ())),
+        "sweep-fused-A": report_summary("sweep-fused-A"),
+        "sweep-fused-Q": report_summary("sweep-fused-Q"),
         "graph": moebench("compare", "results/h200/graph-vs-eager-eager.json.gz",
                           "results/h200/graph-vs-eager-graph.json.gz", "--format", "markdown"),
         "resume": log_lines("gpu-failures-c240692.log", r"^killed", r"INCOMPLETE", r"^resume rc",
                             r"audit passed"),
         "failures": log_lines("gpu-failures-c240692.log", r"^moebench: error", r"^rc="),
-        "sweep-A": moebench("report", "results/h200/sweep-A.json.gz", "--format", "summary"),
-        "sweep-Q": moebench("report", "results/h200/sweep-Q.json.gz", "--format", "summary"),
+        "sweep-A": report_summary("sweep-A"),
+        "sweep-Q": report_summary("sweep-Q"),
     }
+
+
+def report_summary(name: str) -> str:
+    """The summary view of REPORTS[name], against REPORT_REF's arm where it names one."""
+    return moebench("report", f"results/h200/{REPORTS[name]}", "--format", "summary", *REPORT_REF.get(name, ()))
 
 
 def write_docs() -> None:
