@@ -454,7 +454,9 @@ template <bool GATE_UP>
 __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_scale_out, const float* route_w,
                                     uint16_t* out, int top_k) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(smem_raw) + 1023) & ~uint64_t(1023));
+  // the first 1024-aligned byte as an offset into the shared array, not through an integer: the
+  // compiler then keeps the accesses it derives in the shared space (LDS/STS, not generic LD/ST)
+  uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
   uint64_t* empty = full + STAGES;
   if (threadIdx.x == 0) {
