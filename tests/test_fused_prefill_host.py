@@ -4,6 +4,7 @@ checks."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -61,6 +62,9 @@ def test_sass_runs_fp8_wgmma_and_nothing_in_local_memory(cache, tmp_path):
     for op in ("UTMALDG.2D", "LDGSTS", "REDG.E.ADD.BF16x8"):
         assert op in sass, op
     assert " LDL" not in sass and " STL" not in sass
+    # shared memory through shared-space instructions: no generic LD/ST (an address that went
+    # through an integer loses its space, and the staging stores and scale reads turn generic)
+    assert not re.search(r"\s(LD|ST)(\.E)?\s", sass), re.search(r".*\s(LD|ST)(\.E)?\s.*", sass).group(0)
 
 
 @pytest.mark.parametrize("stages", [3, 4])
