@@ -61,7 +61,8 @@ def choose_path(num_slots: int, routed_experts: int, K: int = 0) -> str:
 def shared_bytes(stages: int = STAGES) -> int:
     """Dynamic shared memory of one CTA: mirrors the .cu's layout (a test checks the two agree)."""
     a_tile, b_tile, scales, c_row = BLOCK_M * 128, BLOCK_N * 128, (BLOCK_M + 4) * 4, 128 * 2 + 16
-    n = stages * (a_tile + b_tile + scales) + 2 * 2 * BLOCK_M * 4 + 2 * BLOCK_M * c_row
+    # ring, amax exchange, down's output staging and its token-row tables
+    n = stages * (a_tile + b_tile + scales) + 2 * 2 * BLOCK_M * 4 + 2 * BLOCK_M * c_row + 2 * 2 * BLOCK_M * 4
     return n + 2 * stages * 8 + 1024
 
 

@@ -24,7 +24,8 @@
 //     gate_up those are gate columns 64h..64h+63 of the group, then the same up columns, so a
 //     thread holds each column's gate and up sums side by side;
 //   - the block's 64 activation rows (x by token in gate_up, a by slot in down), gathered with
-//     16-byte cp.async into the same swizzled layout, zero for padding slots; and the 64 row
+//     16-byte cp.async into the same swizzled layout, eight lanes a 128-byte row (each sector read
+//     once), zero for padding slots; and the 64 row
 //     scales (0 for padding) and two weight-block scales. Each lane publishes its copies LAG
 //     steps later (wait_group, proxy fence, arrive), as sm90_grouped_gemm.cu does.
 // Each consumer warpgroup runs four m64n128k32 wgmma a stage into a fresh accumulator, waits,
@@ -36,7 +37,8 @@
 // max(amax / 448, 1e-10), e4m3 codes by cvt.rn.satfinite, stored per real slot (the oracle's
 // rule). down: acc x route weight to BF16 pairs, staged per warpgroup in shared memory, then
 // 16-byte red.global.add.noftz.v4.bf16x2 into the token's output row (the combine; the sum's
-// last bit depends on the order the reductions land, as in the decode kernel).
+// last bit depends on the order the reductions land, as in the decode kernel), issued while the
+// next tile's wgmma run: a warpgroup stages tile t, and reduces it after issuing tile t + 1's.
 //
 // Blocks at or past the device-side padded total, or with an expert outside [0, E), are
 // skipped by both kernels (their slots' intermediate rows are never written or read).
@@ -72,7 +74,8 @@ constexpr int OFF_B = OFF_A + STAGES * A_TILE;
 constexpr int OFF_S = OFF_B + STAGES * B_TILE;
 constexpr int OFF_AMAX = OFF_S + STAGES * SCALES * 4;      // [2 item parities][2 warpgroups][64 rows]
 constexpr int OFF_C = OFF_AMAX + 2 * 2 * BLOCK_M * 4;      // [2 warpgroups][64 rows][C_ROW]
-constexpr int OFF_BAR = OFF_C + 2 * BLOCK_M * C_ROW;
+constexpr int OFF_ROWS = OFF_C + 2 * BLOCK_M * C_ROW;     // (down) [2 warpgroups][2 item parities][64] token rows
+constexpr int OFF_BAR = OFF_ROWS + 2 * 2 * BLOCK_M * 4;
 constexpr int SMEM_USED = OFF_BAR + 2 * STAGES * 8;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // what the host must pass (alignment slack)
 static_assert(SMEM_BYTES <= 227 * 1024, "STAGES too deep for one CTA an SM");
@@ -215,10 +218,24 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
     }
     if (expert >= 0 && expert < p.num_experts) {
       const bool real_lo = real_slot(slot_lo, p.num_slots), real_hi = real_slot(slot_hi, p.num_slots);
-      const size_t row_lo = real_lo ? size_t(slot_lo / p.row_div) : 0, row_hi = real_hi ? size_t(slot_hi / p.row_div) : 0;
-      const uint8_t* const src[2] = {p.act + row_lo * p.k_dim, p.act + row_hi * p.k_dim};
-      const float* const ssrc[2] = {p.act_scale + row_lo * k_steps, p.act_scale + row_hi * k_steps};
-      const uint32_t bytes[2] = {real_lo ? 16u : 0u, real_hi ? 16u : 0u};
+      const uint32_t row_lo = real_lo ? uint32_t(slot_lo / p.row_div) : 0u, row_hi = real_hi ? uint32_t(slot_hi / p.row_div) : 0u;
+      const float* const ssrc[2] = {p.act_scale + size_t(row_lo) * k_steps, p.act_scale + size_t(row_hi) * k_steps};
+      const uint32_t bytes[2] = {real_lo ? 4u : 0u, real_hi ? 4u : 0u};
+      // The gathers by whole rows: lane l copies 16-byte chunk l % 8 of rows 4i + l / 8 (i < 16), so
+      // one copy instruction reads four 128-byte rows and every sector once (16 bytes a lane from 32
+      // rows read each sector twice). The row offsets (below 2^31: validate_prefill) come from the
+      // lanes holding rows lane and lane + 32, ~0 marking padding.
+      uint32_t line_off[16], line_live = 0;
+      {
+        const uint32_t off_lo = real_lo ? row_lo * uint32_t(p.k_dim) : ~0u;
+        const uint32_t off_hi = real_hi ? row_hi * uint32_t(p.k_dim) : ~0u;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const uint32_t o = __shfl_sync(0xffffffffu, i < 8 ? off_lo : off_hi, (4 * i + (lane >> 3)) & 31);
+          line_off[i] = o == ~0u ? 0u : o;
+          line_live |= uint32_t(o != ~0u) << i;
+        }
+      }
       const float* ws = p.w_scale + size_t(expert) * scale_rows * k_steps;
       for (int tile = sp.tile0; tile < sp.tile1; ++tile) {
         // the two weight-block scales of this tile: (gate, up) of group `tile`, or the tile's two
@@ -240,14 +257,15 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
             cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
             cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
           }
+          const int c = lane & 7;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int t = lane + 32 * h;
-#pragma unroll
-            for (int c = 0; c < 8; ++c)  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
-              cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), src[h] + kb * BLOCK_K + c * 16, bytes[h]);
-            cp_async_4(&sc[t], ssrc[h] + kb, bytes[h] >> 2);
+          for (int i = 0; i < 16; ++i) {  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
+            const int t = 4 * i + (lane >> 3);
+            cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), p.act + line_off[i] + kb * BLOCK_K + c * 16,
+                        (line_live >> i) & 1u ? 16u : 0u);
           }
+          cp_async_4(&sc[lane], ssrc[0] + kb, bytes[0]);  // the row scales of rows lane and lane + 32
+          cp_async_4(&sc[lane + 32], ssrc[1] + kb, bytes[1]);
           cp_async_commit();
           // publish step - LAG: this lane's copies have landed; the proxy fence hands them to the
           // async proxy (wgmma); the arrive releases them
@@ -279,6 +297,25 @@ __device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0
   return ItemMeta{p.expert_ids[block], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
 }
 
+// down's token-row table of warpgroup `wg` for items of parity `parity`: row r of the block at
+// (r % 8) * 8 + r / 8, so that a reducing thread's 8 rows (tid / 16 + 8i) are contiguous
+__device__ __forceinline__ int* row_table(uint8_t* smem, int wg, int parity) {
+  return reinterpret_cast<int*>(smem + OFF_ROWS) + (wg * 2 + parity) * BLOCK_M;
+}
+
+// down: reduce-add the warpgroup's staged tile into output columns n0.., 8 rows a thread (tid / 16
+// + 8i; `rows` their token rows, < 0 for padding) and 8 columns (tid % 16)
+__device__ __forceinline__ void reduce_staged(const uint8_t* c_tile, const int* rows, int tid, uint16_t* out,
+                                              int out_cols, int n0) {
+  const int c8 = tid % 16;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (rows[i] < 0) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(c_tile + (tid / 16 + 8 * i) * C_ROW + c8 * 16);
+    red_add_bf16x8(out + size_t(rows[i]) * out_cols + n0 + 8 * c8, v);
+  }
+}
+
 template <bool GATE_UP>
 __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
                                         // gate_up's outputs
@@ -292,6 +329,9 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
   const int items = num_items<GATE_UP>(p);
   float acc[64], part[64];
   int step = 0, parity = 0;
+  // (down) the staged tile not yet reduced: its first output column (-1: none) and its item's
+  // row-table parity; the parity of the item being run
+  int pend_n0 = -1, pend_par = 0, row_par = 0;
   int item = blockIdx.x;
   ItemMeta meta;
   if (item < items) meta = load_meta(p, item, r0);
@@ -306,13 +346,19 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
     const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
     const float rw0 = !GATE_UP && real0 ? route_w[m.slot0] : 0.f;
     const float rw1 = !GATE_UP && real1 ? route_w[m.slot1] : 0.f;
-    int red[8];  // (down) the slots of the 8 staged rows this thread reduces into the output
-#pragma unroll
-    for (int i = 0; i < 8; ++i) red[i] = GATE_UP ? -1 : p.sorted_ids[block * BLOCK_M + tid / 16 + 8 * i];
+    if (!GATE_UP) {
+      // the item's token rows into the warpgroup's table of the other parity (the tile pending
+      // reduction may still read this item's predecessor's); the staging barrier publishes them
+      row_par ^= 1;
+      if (tid < BLOCK_M) {
+        const int sl = p.sorted_ids[block * BLOCK_M + tid];
+        row_table(smem, wg, row_par)[(tid % 8) * 8 + tid / 8] = real_slot(sl, p.num_slots) ? sl / top_k : -1;
+      }
+    }
     for (int tile = sp.tile0; tile < sp.tile1; ++tile) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-      for (int kb = sp.kb0; kb < sp.kb1; ++kb, ++step) {
+      // One K step. The first is peeled: it sets the sums rather than adding to zeros, so nothing
+      // of the tile before is held live while its wgmma run (and down reduces that tile then).
+      auto k_step = [&](const int kb, const bool first) {
         const int s = step % STAGES;
         mbar_wait(&full[s], (step / STAGES) & 1);
         fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
@@ -323,6 +369,13 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
         for (int kk = 0; kk < BLOCK_K / 32; ++kk)  // +32 bytes of K = +2 in the descriptor's 16-byte units
           Wgmma<128>::mma(part, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
         wgmma_commit();
+        if (!GATE_UP && first && pend_n0 >= 0) {
+          // down: the tile staged before, reduced into the output while this one's wgmma run
+          reduce_staged(smem + OFF_C + wg * BLOCK_M * C_ROW, row_table(smem, wg, pend_par) + (tid / 16) * 8, tid,
+                        out, p.rows_per_expert, pend_n0);
+          named_barrier(2 + wg, 128);  // its readers are done before this tile's staging
+          pend_n0 = -1;
+        }
         wgmma_wait<0>();
         const float* sc = reinterpret_cast<const float*>(smem + OFF_S) + s * SCALES;
         const float t0 = sc[r0], t1 = sc[r1];
@@ -332,12 +385,15 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           const float ws = j < 8 ? wlo : whi;  // gate_up: columns 0-63 gate, 64-127 up
-          acc[4 * j + 0] += part[4 * j + 0] * (ws * t0);
-          acc[4 * j + 1] += part[4 * j + 1] * (ws * t0);
-          acc[4 * j + 2] += part[4 * j + 2] * (ws * t1);
-          acc[4 * j + 3] += part[4 * j + 3] * (ws * t1);
+          acc[4 * j + 0] = (first ? 0.f : acc[4 * j + 0]) + part[4 * j + 0] * (ws * t0);
+          acc[4 * j + 1] = (first ? 0.f : acc[4 * j + 1]) + part[4 * j + 1] * (ws * t0);
+          acc[4 * j + 2] = (first ? 0.f : acc[4 * j + 2]) + part[4 * j + 2] * (ws * t1);
+          acc[4 * j + 3] = (first ? 0.f : acc[4 * j + 3]) + part[4 * j + 3] * (ws * t1);
         }
-      }
+        ++step;
+      };
+      k_step(sp.kb0, true);
+      for (int kb = sp.kb0 + 1; kb < sp.kb1; ++kb) k_step(kb, false);
 
       if (GATE_UP && p.splits > 1) {
         // ---------------------------------------------- the K-range chain of a (block, group)
@@ -432,20 +488,14 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
           *reinterpret_cast<uint32_t*>(c_tile + r1 * C_ROW + (8 * j + 2 * q) * 2) =
               pack_bf16x2(acc[4 * j + 2] * rw1, acc[4 * j + 3] * rw1);
         }
-        named_barrier(2 + wg, 128);  // the warpgroup's tile is staged
-        if (n0 < p.rows_per_expert) {
-          const int c8 = tid % 16;  // this thread's 8 columns; rows tid / 16 + 8i
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            if (!real_slot(red[i], p.num_slots)) continue;
-            const uint4 v = *reinterpret_cast<const uint4*>(c_tile + (tid / 16 + 8 * i) * C_ROW + c8 * 16);
-            red_add_bf16x8(out + size_t(red[i] / top_k) * p.rows_per_expert + n0 + 8 * c8, v);
-          }
-        }
-        named_barrier(2 + wg, 128);  // its readers are done before the next tile's staging
+        named_barrier(2 + wg, 128);  // the warpgroup's tile (and its item's row table) is staged
+        if (n0 < p.rows_per_expert) pend_n0 = n0, pend_par = row_par;  // reduced under the next tile's wgmma
       }
     }
   }
+  if (!GATE_UP && pend_n0 >= 0)  // the last tile staged
+    reduce_staged(smem + OFF_C + wg * BLOCK_M * C_ROW, row_table(smem, wg, pend_par) + (tid / 16) * 8, tid, out,
+                  p.rows_per_expert, pend_n0);
 }
 
 // ---------------------------------------------------------------------------------- kernels
