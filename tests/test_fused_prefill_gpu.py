@@ -15,7 +15,7 @@ import torch
 from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.fused_arm import CudaFusedArm
-from moebench.kernels.fused_prefill import BLOCK_M, gate_up_tail, make_prefill_launch, prefill_weights
+from moebench.kernels.fused_prefill import BLOCK_M, make_prefill_launch, prefill_weights
 from moebench.kernels.parity import References, check_parity, compare
 
 from gpu_fixtures import with_garbage_past_the_padded_total
@@ -39,22 +39,14 @@ def at(family: str, M: int, seed: int):
     return base(family) if M == 256 else derive(base(family), seed=seed, M=M)
 
 
-def tail_of(fx, ctas: int) -> tuple[int, int, int]:
-    """gate_up's (whole units, tail units, pieces a tail unit) for the fixture's plan on `ctas` CTAs."""
-    blocks = route_plan(fx.topk_ids, fx.spec.E, BLOCK_M).num_blocks
-    return gate_up_tail(blocks * (fx.spec.N // 256), fx.spec.K // 128, ctas)
-
-
-def ctas_cutting_the_tail(fx, start: int = 2) -> int:
-    """The fewest CTAs from `start` on which gate_up cuts tail units into K pieces."""
-    return next(c for c in range(start, 133) if tail_of(fx, c)[2] > 1)
-
-
-def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False, chunk=None, times=1):
+def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False, splits=None, chunk=None,
+                times=1):
     w = w if w is not None else prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, BLOCK_M).to(fx.device)
     launch, out, _, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out,
-                                               max_ctas=max_ctas, chunk=chunk)
+                                               max_ctas=max_ctas, splits=splits, chunk=chunk)
+    if splits is not None:
+        assert dims["splits"] == splits
     start = out.clone()
     for _ in range(times - 1):  # earlier launches of the same call: each leaves the flags at 0
         launch()
@@ -174,8 +166,8 @@ def test_blocks_with_an_expert_outside_the_range_are_skipped():
 OTHER_DIMS = {
     "N300 (N=1024)": (Family("N", "four requant groups", K=1024, E=16, top_k=4, N=1024, routed_scale=1.0,
                              shared_expert=False), 300, 48),
-    "U200 (K=1152)": (Family("U", "K no multiple of 256", K=1152, E=16, top_k=4, N=512, routed_scale=1.0,
-                             shared_expert=False), 200, 49),
+    "U200 (K=640)": (Family("U", "K no multiple of 256", K=640, E=16, top_k=4, N=512, routed_scale=1.0,
+                            shared_expert=False), 200, 49),
     "K90 (K=128)": (Family("K", "one k block", K=128, E=8, top_k=2, N=256, routed_scale=1.0,
                            shared_expert=False), 90, 50),
 }
@@ -190,14 +182,12 @@ def test_parity_other_dims(name):
 
 def test_small_prefill_for_the_sanitizers():
     # The shape compute-sanitizer runs (memcheck and racecheck, docs/kernels.md): small enough to
-    # finish under racecheck, yet every mechanism of the path: gate_up's tail in K pieces (summed
-    # by the first), down in chunks, a few CTAs walking many items each, a second launch after the
-    # first left its flags lowered, garbage intermediates.
-    fam, M, seed = OTHER_DIMS["U200 (K=1152)"]
+    # finish under racecheck, yet every mechanism of the path: chained K ranges over several
+    # chunks of one requant group's K, down in chunks, three CTAs walking many items each, a
+    # second launch after the first left its flags lowered, garbage intermediates.
+    fam, M, seed = OTHER_DIMS["U200 (K=640)"]
     fx = build_fixture(ShapeSpec("U200", fam, M, seed=seed)).to("cuda")
-    ctas = ctas_cutting_the_tail(fx, start=3)
-    assert ctas <= 8
-    assert_parity(fx, run_prefill(fx, poison=True, max_ctas=ctas, chunk=1, times=2), "U200-sanitizers")
+    assert_parity(fx, run_prefill(fx, poison=True, max_ctas=3, splits=2, chunk=1, times=2), "U200-sanitizers")
 
 
 # ------------------------------------------------------------------------------ the work cuts
@@ -206,9 +196,7 @@ def test_small_prefill_for_the_sanitizers():
 def test_the_arm_cuts_a512_down_into_chunks():
     fx = at("A", 512, seed=47)
     call = CudaFusedArm(path="prefill").prepare(fx)
-    # down in chunks; gate_up's 3 units past two full rounds in K pieces
-    assert call.identity["chunk"] < 28
-    assert call.identity["gate_up_tail"] == {"whole_units": 264, "tail_units": 3, "pieces": 14}
+    assert call.identity["splits"] == 1 and call.identity["chunk"] < 28  # down in chunks, gate_up whole
     p = check_parity(call, References(fx), "A512-cut")
     assert p.passed, f"A512-cut: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 
@@ -224,43 +212,39 @@ def test_a_chunk_of_one_tile_through_the_arm(family, M):
     assert p.passed, f"{family}{M}-c1: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 
 
-@pytest.mark.parametrize("family, M, chunk", [
-    ("A", 256, 3), ("A", 512, 10), ("Q", 256, 1), ("Q", 512, 3), ("A", 777, 5), ("Q", 1000, 8),
+@pytest.mark.parametrize("family, M, splits, chunk", [
+    ("A", 256, 4, 3), ("A", 512, 3, 10), ("Q", 256, 2, 1), ("Q", 512, 4, 3),
+    ("A", 777, 2, 5), ("Q", 1000, 3, 8),
 ])
-def test_parity_with_tail_pieces_and_chunks(family, M, chunk):
+def test_parity_with_k_ranges_and_chunks(family, M, splits, chunk):
     fx = at(family, M, seed=48 + M % 101)
-    for ctas in (None, ctas_cutting_the_tail(fx, start=16)):
-        assert_parity(fx, run_prefill(fx, w=weights(family), max_ctas=ctas, chunk=chunk, times=2),
-                      f"{family}{M}-{ctas or 'all'}cta-c{chunk}")
+    assert_parity(fx, run_prefill(fx, w=weights(family), splits=splits, chunk=chunk, times=2),
+                  f"{family}{M}-s{splits}-c{chunk}")
 
 
-@pytest.mark.parametrize("few", [1, 3])
-def test_tail_pieces_on_few_ctas(few):
-    # one CTA runs every unit whole (no tail); from three, the fewest CTAs that cut the tail
+@pytest.mark.parametrize("ctas", [1, 3])
+def test_chained_k_ranges_on_few_ctas(ctas):
+    # one CTA runs every K range of a (block, group) itself, in order; three CTAs wait on each other
     fx = at("Q", 512, seed=49)
-    ctas = 1 if few == 1 else ctas_cutting_the_tail(fx, start=few)
-    assert (tail_of(fx, ctas)[2] > 1) == (few > 1)
-    assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas, chunk=3), f"Q512-{ctas}cta")
+    assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas, splits=4, chunk=3), f"Q512-{ctas}cta-s4")
 
 
-def test_one_hot_expert_with_tail_pieces():
+def test_one_hot_expert_with_k_ranges():
     b = base("A")
     M, E, top_k = 512, b.spec.E, b.spec.top_k
     g = torch.Generator().manual_seed(50)
     others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
     ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 8 full blocks
     fx = derive(b, seed=50, topk_ids=ids)
-    ctas = ctas_cutting_the_tail(fx, start=100)
-    assert_parity(fx, run_prefill(fx, w=weights("A"), max_ctas=ctas, chunk=7), f"A512-hot-{ctas}cta")
+    assert_parity(fx, run_prefill(fx, w=weights("A"), splits=3, chunk=7), "A512-hot-s3")
 
 
-def test_e512_top10_poisoned_with_tail_pieces():
+def test_e512_top10_poisoned_with_k_ranges():
     fx = at("Q", 512, seed=51)
     assert fx.spec.E == 512 and fx.spec.top_k == 10
     ref = fixture_reference(fx).float()
     g = torch.Generator(device="cuda").manual_seed(51)
     before = (torch.randn(ref.shape, generator=g, device="cuda") * ref.std()).to(torch.bfloat16)
-    ctas = ctas_cutting_the_tail(fx, start=100)
-    out = run_prefill(fx, w=weights("Q"), out=before.clone(), poison=True, max_ctas=ctas, chunk=2)
+    out = run_prefill(fx, w=weights("Q"), out=before.clone(), poison=True, splits=4, chunk=2)
     assert torch.isfinite(out.float()).all()
-    assert_parity(fx, out.float() - before.float(), "Q512-poisoned", ref=ref)
+    assert_parity(fx, out.float() - before.float(), "Q512-poisoned-s4", ref=ref)

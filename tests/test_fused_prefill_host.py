@@ -16,7 +16,7 @@ from moebench.fixtures.builder import fixture_routes
 from moebench.kernels import fused_prefill
 from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, make_prefill_launch, prefill_weights,
-                                            down_chunk, gate_up_tail, shared_bytes, validate_prefill,
+                                            down_chunk, shared_bytes, split_work, validate_prefill,
                                             work_items)
 
 from test_fused_host import _cuobjdump
@@ -90,30 +90,27 @@ def test_a_ring_too_deep_for_an_sm_does_not_compile(cache):
 
 def test_work_items():
     # gate_up: one item a block and requant group; down: one a block (all its output tiles)
-    assert work_items(132, 256, 7168, 132) == (132, 132)
-    assert work_items(66, 1024, 2048, 132) == (264, 66)
-    # chunks of tiles divide down's blocks (the last one short)
-    assert work_items(132, 256, 7168, 132, chunk=10) == (132, 396)
-    # gate_up's units past the last full round are cut into K pieces
-    assert work_items(10, 256, 7168, 132) == (10 * 13, 10)
+    assert work_items(10, 256, 7168) == (10, 10)
+    assert work_items(10, 1024, 2048) == (40, 10)
+    # K ranges multiply gate_up's items; chunks of tiles divide down's blocks (the last one short)
+    assert work_items(10, 1024, 2048, splits=3) == (120, 10)
+    assert work_items(10, 256, 7168, chunk=10) == (10, 30)
 
 
-def test_gate_up_tail_fills_the_last_round():
-    # A512's 267 units on 132 CTAs: two whole rounds, then 3 units in 44 pieces would be 1.3 K steps
-    # each: capped at MIN_PIECE_STEPS (4) steps, 14 pieces a unit on 42 CTAs
-    whole, rem, pieces = gate_up_tail(267, 56, 132)
-    assert (whole, rem, pieces) == (264, 3, 14) and 56 // pieces >= fused_prefill.MIN_PIECE_STEPS
-    # the busiest CTA: two whole units and a piece, against three whole units before
-    assert 2 * 56 + -(-56 // pieces) <= 0.75 * 3 * 56
-    assert gate_up_tail(264, 56, 132) == (264, 0, 1)  # whole rounds: nothing to cut
-    assert gate_up_tail(231, 56, 132) == (132, 99, 1)  # a nearly full last round stays whole
-    assert gate_up_tail(3, 5, 132) == (0, 3, 1)  # K = 640: five steps make no two pieces of four
-    assert gate_up_tail(7, 56, 3) == (6, 1, 3)  # three CTAs: the lone unit in three pieces
-    for units in (1, 5, 133, 300, 2400):
-        for k_steps in (5, 16, 56):
-            whole, rem, pieces = gate_up_tail(units, k_steps, 132)
-            assert whole % 132 == 0 and whole + rem == units and rem * pieces <= 132  # one piece a CTA at most
-            assert pieces == 1 or k_steps // pieces >= fused_prefill.MIN_PIECE_STEPS
+def test_gate_up_ranges_fill_the_last_round():
+    # A512's 267 blocks on 132 SMs: one item a block leaves 3 CTAs a third round; K ranges spread
+    # that round over every CTA, and the default rule keeps gate_up's K whole
+    assert split_work(267, 512, 256, 7168, 132)[0] == 1
+    splits, _ = split_work(267, 512, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
+    g, _ = work_items(267, 256, 7168, splits)
+    assert splits > 1 and -(-g // 132) * (56 / splits) <= 0.85 * 3 * 56  # K steps on the busiest CTA
+    assert split_work(261, 256, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)[0] == 1  # two full rounds
+    # never a K range below MIN_SPLIT_STEPS steps
+    assert split_work(3, 8, 256, 640, 132, max_splits=fused_prefill.MAX_SPLITS)[0] == 1
+    for blocks in (1, 5, 133, 300):
+        s, c = split_work(blocks, 4 * blocks, 256, 7168, 132, max_splits=fused_prefill.MAX_SPLITS)
+        assert 1 <= s <= fused_prefill.MAX_SPLITS and 7168 // 128 // s >= fused_prefill.MIN_SPLIT_STEPS
+        assert 1 <= c <= 28
 
 
 def test_down_chunks_keep_the_window_of_output_columns():
@@ -129,6 +126,7 @@ def test_down_chunks_keep_the_window_of_output_columns():
     assert down_chunk(20, 512, 7168, 132) == 4  # 20 x 7 chunks: 140 items
     assert down_chunk(10, 256, 7168, 132) == 2  # 10 x 7 and 10 x 10 leave CTAs idle, 10 x 14 does not
     assert down_chunk(4, 64, 7168, 132) == 1  # 4 x 28: as many items as there are
+    assert split_work(2500, 16384, 256, 7168, 132)[1] == down_chunk(2500, 16384, 7168, 132)
 
 
 def _box_rows(tile: int, inter: int, gate_up: bool) -> list[int]:
@@ -206,19 +204,19 @@ def test_the_prefill_cut_is_an_arm_option_that_picks_the_prefill_kernels():
     from moebench.kernels.fused_arm import CudaFusedDetArm
     from moebench.variants import parse_variant
     arm = CudaFusedArm(chunk=1)
-    assert arm.path == "prefill" and arm.chunk == 1
-    assert CudaFusedArm(path="auto", chunk=2).path == "auto"  # asked for auto: the plan still decides
+    assert arm.path == "prefill" and arm.chunk == 1 and arm.splits is None
+    assert CudaFusedArm(path="auto", splits=2).path == "auto"  # asked for auto: the plan still decides
     assert parse_variant("c1=cuda-fused:chunk=1").settings == (("chunk", 1),)
     for bad in (0, -2, 1.5, True, "4"):
         with pytest.raises(UserError, match=r"chunk=.* must be a whole number of at least 1"):
             CudaFusedArm(chunk=bad)
-    with pytest.raises(UserError, match="chunk sets the prefill kernels, but path=decode does not launch them"):
+    with pytest.raises(UserError, match="chunk set the prefill kernels, but path=decode does not launch them"):
         CudaFusedArm(path="decode", chunk=2)
-    with pytest.raises(UserError, match="chunk sets the prefill kernels, but path=grouped does not launch them"):
-        CudaFusedArm(path="grouped", chunk=2)
-    with pytest.raises(UserError, match="chunk sets the prefill kernels, but block_m set the decode kernel"):
-        CudaFusedArm(block_m=8, chunk=2)
-    with pytest.raises(UserError, match="chunk sets the prefill kernels, but the deterministic build is the decode kernel"):
+    with pytest.raises(UserError, match="chunk, splits set the prefill kernels, but path=grouped does not launch them"):
+        CudaFusedArm(path="grouped", chunk=2, splits=2)
+    with pytest.raises(UserError, match="splits set the prefill kernels, but block_m set the decode kernel"):
+        CudaFusedArm(block_m=8, splits=2)
+    with pytest.raises(UserError, match="chunk set the prefill kernels, but the deterministic build is the decode kernel"):
         CudaFusedDetArm(chunk=1)
 
 

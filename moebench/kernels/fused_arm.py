@@ -241,18 +241,20 @@ class CudaFusedArm(Arm):
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
-                 source: KernelSource | None = None, chunk: int | None = None):
+                 source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None):
         if path is not None and path not in PATHS:
             raise UserError(f"cuda-fused: path={path!r} must be one of {', '.join(PATHS)}")
         if cluster is not None and cluster not in CLUSTERS:
             raise UserError(f"cuda-fused: cluster={cluster} must be one of {', '.join(map(str, CLUSTERS))}")
         if max_clusters is not None and max_clusters < 1:
             raise UserError(f"cuda-fused: max_clusters={max_clusters} must be at least 1")
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-            raise UserError(f"cuda-fused: chunk={chunk!r} must be a whole number of at least 1")
-        # the prefill kernels' work cut: down's w2 tiles an item (fused_prefill.down_chunk when None)
-        self.chunk = chunk
-        cut = ["chunk"] if chunk is not None else []
+        for key, value in (("chunk", chunk), ("splits", splits)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UserError(f"cuda-fused: {key}={value!r} must be a whole number of at least 1")
+        # the prefill kernels' work cut (fused_prefill.split_work when None): down's w2 tiles an
+        # item, gate_up's K ranges a (block, group)
+        self.chunk, self.splits = chunk, splits
+        cut = [k for k in ("chunk", "splits") if getattr(self, k) is not None]
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
         self.max_clusters = max_clusters
         self.source = source or shipped_source()
@@ -264,7 +266,7 @@ class CudaFusedArm(Arm):
                    f"{', '.join(tuned)} set the decode kernel" if tuned else
                    f"a build of {SOURCE} is the decode kernel's" if source is not None else
                    "the deterministic build is the decode kernel's")
-            raise UserError(f"cuda-fused: chunk sets the prefill kernels, but {but}")
+            raise UserError(f"cuda-fused: {', '.join(cut)} set the prefill kernels, but {but}")
         if path in ("prefill", "grouped") and (source is not None or self.deterministic):
             raise UserError(f"cuda-fused: path={path} runs other kernels, not "
                             f"{'a build of ' + SOURCE if source is not None else 'the deterministic build'}")
@@ -297,7 +299,7 @@ class CudaFusedArm(Arm):
         rule = dict(chosen_by=self.path, routed_experts=routed, min_tokens_per_expert=MIN_TOKENS_PER_EXPERT,
                     grouped_slots_per_expert=list(GROUPED_SLOTS_PER_EXPERT), grouped_min_K=GROUPED_MIN_K)
         if path == "prefill":
-            call = prepare_prefill_call(self.name, fx, chunk=self.chunk)
+            call = prepare_prefill_call(self.name, fx, chunk=self.chunk, splits=self.splits)
             call.identity["path_rule"] = rule
             return call
         if path == "grouped":  # cuda-swapab's three kernels, under this arm's name

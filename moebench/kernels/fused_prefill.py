@@ -66,22 +66,13 @@ def shared_bytes(stages: int = STAGES) -> int:
     return n + 2 * stages * 8 + 1024
 
 
-# gate_up's last round (the .cu's gate_up_tail, mirrored here for the identity and the buffers):
-# units (block, group) that fill whole rounds of the persistent grid run whole; the rest, too few
-# to fill one, are each cut into K pieces of at least MIN_PIECE_STEPS steps, as many as the grid
-# has CTAs for. The first piece adds the others' FP32 sums and runs the epilogue. At A512, 267
-# units on 132 CTAs had three CTAs stream a third round alone. (It replaces an even split of every
-# unit into K ranges chained through global memory, which left the tail in place: three ranges at
-# A512 took gate_up from 155.4 to 174.5 us, docs/kernels.md.)
-MIN_PIECE_STEPS = 4
-
-
-def gate_up_tail(units: int, k_steps: int, ctas: int) -> tuple[int, int, int]:
-    """(whole units, units in the tail, K pieces a tail unit) for `units` on `ctas` CTAs."""
-    rem = units % ctas
-    pieces = 1 if rem == 0 else max(1, min(ctas // rem, k_steps // MIN_PIECE_STEPS))
-    return units - rem, rem, pieces
-
+# Work cuts the host weighs (split_work). gate_up: a K range's fixed cost, in units of its own
+# steps, is the 64-row FP32 sum it stores and reloads. The default rule never splits gate_up's K:
+# at A512 three chained ranges took gate_up from 155.4 us to 174.5 (docs/kernels.md); the chain
+# stays as an option (make_prefill_launch's splits).
+MAX_SPLITS, SPLIT_COST = 4, 2.0
+DEFAULT_MAX_SPLITS = 1
+MIN_SPLIT_STEPS = 4  # K steps a gate_up range keeps at least
 
 # down: items run block fastest, so the grid walks chunk r of every block before chunk r + 1 and
 # reduce-adds into tokens x chunk x BLOCK_N BF16 output values at once (the window). Chunks of 4
@@ -89,11 +80,23 @@ def gate_up_tail(units: int, k_steps: int, ctas: int) -> tuple[int, int, int]:
 # window is at most 16 MiB; at Q16384 4 tiles are a 32 MiB window and 2 were faster; 1 tile an item
 # reads its plan entries 4x as often and was slower than 2 and 4 everywhere; whole rows of tiles
 # (the old cut) were slowest from A8192 up: down 822 -> 587 us at A8192, 1,656 -> 1,191 at A16384
-# (experiments/prefill-chunk.json.gz). Timed again with down's reductions under the next tile's
-# wgmma (experiments/prefill-down-chunk.json.gz): the rule's cut within 1% of the best of 2, 4
-# and 7 at seven shapes.
+# (experiments/prefill-chunk.json.gz).
 DOWN_CHUNK = 4
 DOWN_WINDOW_BYTES = 16 * 2**20
+
+
+def _rounds_cost(units: int, parts: int, steps: int, ctas: int, fixed: float) -> float:
+    """Modelled time of `units` x `parts` items of steps/parts steps each on `ctas` CTAs:
+    full rounds of the persistent grid times one item's steps plus its fixed cost."""
+    return -(-units * parts // ctas) * (steps / parts + fixed)
+
+
+CUT_SLACK = 1.03  # the fewest items whose modelled time is within 3% of the best cut's
+
+
+def _fewest_within(options: range, cost) -> int:
+    best = min(cost(o) for o in options)
+    return next(o for o in options if cost(o) <= best * CUT_SLACK)
 
 
 def down_chunk(blocks: int, tokens: int, K: int, ctas: int) -> int:
@@ -108,14 +111,25 @@ def down_chunk(blocks: int, tokens: int, K: int, ctas: int) -> int:
     return chunk
 
 
-def work_items(blocks: int, N: int, K: int, ctas: int, chunk: int | None = None) -> tuple[int, int]:
-    """(gate_up, down) work items for `blocks` plan blocks on `ctas` CTAs: gate_up one a block and
-    requant group, the tail's units one a K piece; down one a block and chunk of `chunk` tiles of
-    its expert's w2 (all -(-K // BLOCK_N) tiles when None)."""
+def split_work(blocks: int, tokens: int, N: int, K: int, ctas: int,
+               max_splits: int = DEFAULT_MAX_SPLITS) -> tuple[int, int]:
+    """(splits, chunk) for a plan of `blocks` real blocks over `tokens` tokens: gate_up's K ranges
+    a (block, group), the fewest within CUT_SLACK of the rounds model's best, so the last round of
+    the persistent grid is not a few CTAs streaming alone; down's tiles an item (down_chunk)."""
+    groups, k_steps = N // 256, K // 128
+    units = max(blocks, 1)
+    splits = _fewest_within(range(1, max(1, min(max_splits, MAX_SPLITS, k_steps // MIN_SPLIT_STEPS)) + 1),
+                            lambda s: _rounds_cost(units * groups, s, k_steps, ctas, SPLIT_COST if s > 1 else 0.0))
+    return splits, down_chunk(blocks, tokens, K, ctas)
+
+
+def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None = None) -> tuple[int, int]:
+    """(gate_up, down) work items for `blocks` plan blocks: gate_up one a block, requant group and
+    K range; down one a block and chunk of `chunk` tiles of its expert's w2 (all
+    -(-K // BLOCK_N) tiles when None)."""
     tiles = -(-K // BLOCK_N)
     chunk = tiles if chunk is None else chunk
-    whole, rem, pieces = gate_up_tail(blocks * (N // 256), K // 128, ctas)
-    return whole + rem * pieces, blocks * -(-tiles // chunk)
+    return blocks * (N // 256) * splits, blocks * -(-tiles // chunk)
 
 
 KERNELS = ("gate_up", GATE_UP), ("down", DOWN)
@@ -191,24 +205,26 @@ def build_prefill(stages: int = STAGES):
     return compile_source(SOURCE, defines={"STAGES": str(stages)})
 
 
-def check_cut(K: int, chunk: int | None) -> None:
-    """A down cut the kernels can run at hidden size K (None: down_chunk's)."""
+def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
+    """A work cut the kernels can run at hidden size K (None: split_work's)."""
+    if splits is not None:
+        _need(1 <= splits <= K // GROUP, f"splits={splits} must be in [1, K/128 = {K // GROUP}]")
     if chunk is not None:
         tiles = -(-K // BLOCK_N)
         _need(1 <= chunk <= tiles, f"chunk={chunk} must be in [1, K/256 = {tiles}] (w2 tiles an item)")
 
 
 def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
-                        max_ctas: int | None = None, blocks: int | None = None, chunk: int | None = None):
+                        max_ctas: int | None = None, blocks: int | None = None,
+                        splits: int | None = None, chunk: int | None = None):
     """Validate, allocate the intermediate (and a zeroed output when None), build the TMA maps
     and both launches; `launch()` runs the two kernels on torch's current stream. Persistent
-    grids of one CTA an SM (or `max_ctas`); down's chunk (`down_chunk`) is picked for `blocks` real
-    plan blocks (the plan's worst case when None) unless `chunk` is given; gate_up's tail is cut on
-    the device from the plan's padded total (`gate_up_tail`)."""
+    grids of one CTA an SM (or `max_ctas`); the work cut (`split_work`) is picked for `blocks`
+    real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit, tensor_map
-    check_cut(x.shape[-1], chunk)  # (the caller's choice, before the tensors' checks)
+    check_cut(x.shape[-1], splits, chunk)  # (the caller's choice, before the tensors' checks)
     dims = validate_prefill(x, x_scale, w, plan, topk_weights, out)
     M, K, N, I, E, top_k, cap = (dims[k] for k in ("M", "K", "N", "I", "E", "top_k", "capacity"))
     dev = x.device
@@ -227,20 +243,21 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     max_blocks = cap // BLOCK_M
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
-    chunk = chunk or down_chunk(max_blocks if blocks is None else blocks, M, K, ctas)  # (checked above)
-    _, items2 = work_items(max_blocks, N, K, ctas, chunk)
-    # gate_up's tail pieces (at most one a CTA): a 64-row FP32 sum a slot, flags 0 between launches.
-    # gate_up runs on every CTA: the tail's pieces spread over them however few the units.
-    part = torch.empty(ctas * THREADS_CONSUMING * 64, dtype=torch.float32, device=dev)
-    flags = torch.zeros(ctas, dtype=torch.int32, device=dev)
-    grid1, grid2 = (ctas, 1, 1), (max(1, min(ctas, items2)), 1, 1)
+    cut = split_work(max_blocks if blocks is None else blocks, M, N, K, ctas)
+    splits, chunk = splits or cut[0], chunk or cut[1]  # (split_work's are in range; the caller's checked above)
+    items1, items2 = work_items(max_blocks, N, K, splits, chunk)
+    # gate_up's chained K ranges: a 64-row FP32 sum a (block, group), flags 0 between launches
+    part = torch.empty((max_blocks * (N // 256) * THREADS_CONSUMING * 64) if splits > 1 else 1,
+                       dtype=torch.float32, device=dev)
+    flags = torch.zeros(max_blocks * (N // 256) if splits > 1 else 1, dtype=torch.int32, device=dev)
+    grid1, grid2 = (max(1, min(ctas, items1)), 1, 1), (max(1, min(ctas, items2)), 1, 1)
     p = np.uint64
     plan_ptrs = [p(plan.sorted_token_ids.data_ptr()), p(plan.expert_ids.data_ptr()),
                  p(plan.num_tokens_post_padded.data_ptr())]
     i32 = np.int32
     run1 = bind_launch(k1, grid1, (THREADS, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
                        p(x.data_ptr()), p(x_scale.data_ptr()), *plan_ptrs, p(a.data_ptr()), p(a_scale.data_ptr()),
-                       i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks),
+                       i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks), i32(splits),
                        p(part.data_ptr()), p(flags.data_ptr()))
     run2 = bind_launch(k2, grid2, (THREADS, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
                        p(a.data_ptr()), p(a_scale.data_ptr()), *plan_ptrs, p(route_w.data_ptr()), p(out.data_ptr()),
@@ -253,13 +270,14 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
         run2()
 
     return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES,
-                                      max_blocks=max_blocks, intermediate=(a, a_scale), chunk=chunk,
-                                      flags=flags, ctas=ctas)
+                                      max_blocks=max_blocks, intermediate=(a, a_scale), splits=splits,
+                                      chunk=chunk, flags=flags)
 
 
-def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None):
-    """The arm's prepared call on this path (untimed: plan, views, buffers, build); `chunk`
-    overrides down's cut (down_chunk's, for the plan's real blocks, when None)."""
+def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None,
+                         splits: int | None = None):
+    """The arm's prepared call on this path (untimed: plan, views, buffers, build); `chunk` and
+    `splits` override the work cut (split_work's, for the plan's real blocks, when None)."""
     from moebench.fixtures import route_plan
     from moebench.kernels.arm import KernelDecl, PreparedCall
     s = fx.spec
@@ -268,15 +286,13 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     plan = plan.to(fx.device)
     w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
-                                                    max_ctas=max_ctas, blocks=blocks, chunk=chunk)
+                                                    max_ctas=max_ctas, blocks=blocks, chunk=chunk, splits=splits)
     res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
     identity = {
         "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
         "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
-        "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["ctas"], dims["chunk"])),
-        "gate_up_tail": dict(zip(("whole_units", "tail_units", "pieces"),
-                                 gate_up_tail(blocks * (s.N // 256), s.K // 128, dims["ctas"]))),
-        "chunk": dims["chunk"], "cut_by": "arm options" if chunk else "down_chunk",
+        "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
+        "splits": dims["splits"], "chunk": dims["chunk"], "cut_by": "arm options" if chunk or splits else "split_work",
         "build": module.build.to_dict(),
         "registers": {k: r.registers for k, r in res.items()},
         "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),

@@ -9,15 +9,14 @@
 //
 // Work and roles. Each kernel is a persistent grid (one CTA an SM) whose CTAs walk work items
 // item = blockIdx.x + i * gridDim.x over route-plan blocks of BLOCK_M = 64 slots (one expert each):
-//   gate_up: (block, requant group g), block fastest (the blocks of one expert share w1 tiles in
-//            L2 while they run at once); one tile: gate rows 128g.. and up rows I + 128g.., 128
-//            each, over the K/128 steps. The units past the last full round of the grid (267 on
-//            132 CTAs at A512 leave 3) are cut into K pieces spread over the grid's CTAs
-//            (gate_up_tail): the other pieces store FP32 sums to global memory, the first adds
-//            them and runs the epilogue
+//   gate_up: (block, requant group g, K range), block fastest (the blocks of one expert share w1
+//            tiles in L2 while they run at once); one tile: gate rows 128g.. and up rows
+//            I + 128g.., 128 each, over 1/splits of the K/128 steps; the K ranges of a
+//            (block, group) chain their FP32 sums through global memory, the last runs the epilogue
 //   down:    (block, chunk of tiles), block fastest, streaming `chunk` 256-row tiles of w2[e]
 //            (output columns), I/128 steps each, so an item's plan reads are paid once a chunk
-//            (the host picks chunk, fused_prefill.down_chunk)
+// The host cuts the work (splits, chunk) so that the items fill the persistent grid's last round:
+// with one item a block, 267 blocks on 132 SMs (A512) leave three CTAs streaming a third round.
 // Plan entries are read one item ahead by every role. 288 threads: two consumer warpgroups
 // (warps 0-7) and a producer warp (warp 8). Per 128-wide K step the producer fills one of STAGES ring stages:
 //   - weights, 256 rows x 128 B by four TMA boxes of 64 rows (128-byte swizzle), completing on
@@ -148,68 +147,40 @@ struct Problem {
   const int* sorted_ids;
   const int* expert_ids;
   int num_slots, num_experts, blocks, tiles;
-  // down: a block's tiles in chunks of `chunk`; gate_up: the tail pieces' FP32 sums (64 floats a
-  // consumer thread, a slot a piece) and their flags (1 once stored, 0 between launches)
-  int chunk;
+  // how an item's work is cut (the host picks both from the plan's size, fused_prefill.split_work):
+  // gate_up runs a (block, group) as `splits` K ranges, chained through `part` (FP32 partial sums,
+  // 64 floats a consumer thread) and `flags` (one a (block, group), 0 between launches); down runs
+  // a block's tiles in chunks of `chunk`
+  int splits, chunk;
   float* part;
   int* flags;
 };
 
-// gate_up's last round. The units (block, group) that fill whole rounds of the persistent grid
-// run whole, one an item; the `rem` left, too few to fill a round, are each cut into `pieces` K
-// ranges of at least MIN_PIECE_STEPS steps, as many as the grid has CTAs for.
-constexpr int MIN_PIECE_STEPS = 4;
-struct Tail {
-  int whole, rem, pieces;
-};
-
-__device__ __forceinline__ Tail gate_up_tail(const Problem& p) {
-  const int units = p.blocks * p.tiles, grid = gridDim.x;
-  const int rem = units % grid;
-  const int pieces = rem == 0 ? 1 : max(1, min(grid / rem, (p.k_dim / BLOCK_K) / MIN_PIECE_STEPS));
-  return Tail{units - rem, rem, pieces};
-}
-
-// What one item covers: its plan block, tiles [tile0, tile1) and K steps [kb0, kb1).
+// What one item covers: its plan block, tiles [tile0, tile1), K steps [kb0, kb1), and (gate_up)
+// its K range's place in the chain. Items run block fastest, then tile (or chunk), then split, so
+// split s of a (block, group) always has a larger item number than split s - 1: a CTA that waits
+// for a smaller item number never waits in a cycle (every CTA of the persistent grid is resident
+// and walks its items in increasing order).
 struct Span {
-  int block, tile0, tile1, kb0, kb1;
+  int block, tile0, tile1, kb0, kb1, split;
 };
 
-// (gate_up) Which K piece of a tail unit an item is, of how many, and its slot among the tail's
-// pieces (pieces 1 outside the tail). Every piece of a unit lies in the grid's last round, so the
-// first (which waits for the others) never waits on a CTA that waits in turn: every CTA of the
-// persistent grid is resident.
-struct Piece {
-  int piece, pieces, slot;
-};
-
-__device__ __forceinline__ Piece tail_piece(const Tail& t, int item) {
-  const int x = item - t.whole;
-  return x < 0 ? Piece{0, 1, -1} : Piece{x % t.pieces, t.pieces, x};
-}
-
-// Items: gate_up's are (block, group), block fastest, one tile each, then the tail's pieces; down's
-// are (block, chunk of tiles), so the plan reads of an item are amortized over its tiles.
+// Items: gate_up's are (block, group), block fastest, one tile each; down's are blocks, each
+// streaming all of its tiles (so the plan reads of an item are amortized over K/256 tiles).
 template <bool GATE_UP>
 __device__ __forceinline__ int num_items(const Problem& p) {
-  if (GATE_UP) {
-    const Tail t = gate_up_tail(p);
-    return t.whole + t.rem * t.pieces;
-  }
-  return p.blocks * ((p.tiles + p.chunk - 1) / p.chunk);
+  return GATE_UP ? p.blocks * p.tiles * p.splits : p.blocks * ((p.tiles + p.chunk - 1) / p.chunk);
 }
 
 template <bool GATE_UP>
 __device__ __forceinline__ Span item_span(const Problem& p, int item) {
   const int k_steps = p.k_dim / BLOCK_K;
-  if (GATE_UP) {
-    const Tail t = gate_up_tail(p);
-    const Piece pc = tail_piece(t, item);
-    const int unit = pc.slot < 0 ? item : t.whole + pc.slot / t.pieces, block = unit % p.blocks, tile = unit / p.blocks;
-    return Span{block, tile, tile + 1, pc.piece * k_steps / pc.pieces, (pc.piece + 1) * k_steps / pc.pieces};
-  }
   const int block = item % p.blocks, r = item / p.blocks;
-  return Span{block, r * p.chunk, min(p.tiles, (r + 1) * p.chunk), 0, k_steps};
+  if (GATE_UP) {
+    const int tile = r % p.tiles, split = r / p.tiles;
+    return Span{block, tile, tile + 1, split * k_steps / p.splits, (split + 1) * k_steps / p.splits, split};
+  }
+  return Span{block, r * p.chunk, min(p.tiles, (r + 1) * p.chunk), 0, k_steps, 0};
 }
 
 // First weight row (within the expert) of TMA box `i` (0..3) of tile `tile`: gate_up boxes are
@@ -231,10 +202,9 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   // item ahead, so their latency hides behind the current item's stream.
   int item = blockIdx.x, expert = -1, slot_lo = -1, slot_hi = -1;
   if (item < items) {
-    const int block = item_span<GATE_UP>(p, item).block;
-    expert = p.expert_ids[block];
-    slot_lo = p.sorted_ids[block * BLOCK_M + lane];
-    slot_hi = p.sorted_ids[block * BLOCK_M + lane + 32];
+    expert = p.expert_ids[item % p.blocks];
+    slot_lo = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane];
+    slot_hi = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32];
   }
   int step = 0;
   while (item < items) {
@@ -242,10 +212,9 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
     const int next = item + gridDim.x;
     int next_expert = -1, next_lo = -1, next_hi = -1;
     if (next < items) {
-      const int block = item_span<GATE_UP>(p, next).block;
-      next_expert = p.expert_ids[block];
-      next_lo = p.sorted_ids[block * BLOCK_M + lane];
-      next_hi = p.sorted_ids[block * BLOCK_M + lane + 32];
+      next_expert = p.expert_ids[next % p.blocks];
+      next_lo = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane];
+      next_hi = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane + 32];
     }
     if (expert >= 0 && expert < p.num_experts) {
       const bool real_lo = real_slot(slot_lo, p.num_slots), real_hi = real_slot(slot_hi, p.num_slots);
@@ -323,9 +292,8 @@ struct ItemMeta {
   int expert, slot0, slot1;
 };
 
-template <bool GATE_UP>
 __device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0) {
-  const int block = item_span<GATE_UP>(p, item).block;
+  const int block = item % p.blocks;
   return ItemMeta{p.expert_ids[block], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
 }
 
@@ -366,13 +334,13 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
   int pend_n0 = -1, pend_par = 0, row_par = 0;
   int item = blockIdx.x;
   ItemMeta meta;
-  if (item < items) meta = load_meta<GATE_UP>(p, item, r0);
+  if (item < items) meta = load_meta(p, item, r0);
   while (item < items) {
     const Span sp = item_span<GATE_UP>(p, item);
-    const int this_item = item, next = item + gridDim.x;
+    const int next = item + gridDim.x;
     const ItemMeta m = meta;
     const int block = sp.block;
-    if (next < items) meta = load_meta<GATE_UP>(p, next, r0);  // one item ahead
+    if (next < items) meta = load_meta(p, next, r0);  // one item ahead
     item = next;
     if (m.expert < 0 || m.expert >= p.num_experts) continue;
     const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
@@ -427,48 +395,40 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
       k_step(sp.kb0, true);
       for (int kb = sp.kb0 + 1; kb < sp.kb1; ++kb) k_step(kb, false);
 
-      const Piece pc = GATE_UP ? tail_piece(gate_up_tail(p), this_item) : Piece{0, 1, -1};
-      if (GATE_UP && pc.pieces > 1) {
-        // ---------------------------------------------- a tail unit's K pieces
-        // Piece j > 0 stores its sums in its slot and raises its flag; piece 0 waits for every
-        // flag, lowers it for the next launch and adds the slots in piece order, then runs the
-        // epilogue. Threads whose two rows are both padding neither store nor add (their rows are
-        // never written out).
+      if (GATE_UP && p.splits > 1) {
+        // ---------------------------------------------- the K-range chain of a (block, group)
+        // Split s adds split s - 1's running sum (once its flag says s) and, unless it is the
+        // last, stores the new sum and raises the flag to s + 1; the last runs the epilogue and
+        // lowers the flag to 0 for the next launch. Threads whose two rows are both padding
+        // neither store nor add (their rows are never written out).
+        const int cell = block * p.tiles + tile;
+        float4* mine = reinterpret_cast<float4*>(p.part + (size_t(cell) * CONSUMERS + threadIdx.x) * 64);
         const bool live = real0 || real1;
-        auto slot_sums = [&](int slot) {
-          return reinterpret_cast<float4*>(p.part + (size_t(slot) * CONSUMERS + threadIdx.x) * 64);
-        };
-        if (pc.piece > 0) {
+        if (sp.split > 0) {
+          if (threadIdx.x == 0)
+            while (ld_acquire_gpu(p.flags + cell) < sp.split) __nanosleep(64);
+          named_barrier(4, CONSUMERS);
           if (live) {
-            float4* mine = slot_sums(pc.slot);
-#pragma unroll
-            for (int i = 0; i < 16; ++i) __stcg(mine + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-          }
-          named_barrier(4, CONSUMERS);  // every store of the sums is issued before the flag's release
-          if (threadIdx.x == 0) {
-            __threadfence();
-            st_release_gpu(p.flags + pc.slot, 1);
-          }
-          continue;
-        }
-        if (threadIdx.x == 0) {
-          for (int j = 1; j < pc.pieces; ++j) {
-            while (ld_acquire_gpu(p.flags + pc.slot + j) == 0) __nanosleep(64);
-            p.flags[pc.slot + j] = 0;  // (this launch reads it no more)
-          }
-        }
-        named_barrier(4, CONSUMERS);
-        if (live) {
-#pragma unroll 1
-          for (int j = 1; j < pc.pieces; ++j) {
-            const float4* theirs = slot_sums(pc.slot + j);
 #pragma unroll
             for (int i = 0; i < 16; ++i) {
-              const float4 v = __ldcg(theirs + i);
+              const float4 v = __ldcg(mine + i);
               acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
             }
           }
         }
+        if (sp.split < p.splits - 1) {
+          if (live) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) __stcg(mine + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+          }
+          named_barrier(4, CONSUMERS);  // every store of the sum is issued before the flag's release
+          if (threadIdx.x == 0) {
+            __threadfence();
+            st_release_gpu(p.flags + cell, sp.split + 1);
+          }
+          continue;
+        }
+        if (threadIdx.x == 0) p.flags[cell] = 0;  // every reader of this cell has passed its wait
       }
       if (GATE_UP) {
         // ---------------------------------------------- SwiGLU, per-token requant over the group
@@ -573,10 +533,11 @@ __device__ __forceinline__ int plan_blocks(const int* num_post_padded, int max_b
 extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_up(
     const __grid_constant__ TmaDescriptor w1_map, const float* w1_scale, const uint8_t* x, const float* x_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, uint8_t* a, float* a_scale,
-    int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, float* part, int* flags) {
+    int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float* part,
+    int* flags) {
   const Problem p{&w1_map, w1_scale, n_dim, k_dim, x, x_scale, top_k, sorted_ids, expert_ids,
                   num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256,
-                  1, part, flags};
+                  splits, 1, part, flags};
   run<true>(p, a, a_scale, nullptr, nullptr, top_k);
 }
 
@@ -588,6 +549,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(
     uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk) {
   const Problem p{&w2_map, w2_scale, k_dim, inter, a, a_scale, 1, sorted_ids, expert_ids,
                   num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), (k_dim + BLOCK_N - 1) / BLOCK_N,
-                  chunk, nullptr, nullptr};
+                  1, chunk, nullptr, nullptr};
   run<false>(p, nullptr, nullptr, route_w, out, top_k);
 }
