@@ -160,7 +160,7 @@ def test_down_tiles_cover_every_output_column_once(K):
 
 
 @pytest.mark.parametrize("name, path", [("A8", "decode"), ("A128", "decode"), ("Q8", "decode"), ("Q128", "decode"),
-                                        ("A256", "grouped"), ("A512", "grouped"), ("A1024", "prefill"),
+                                        ("A256", "prefill"), ("A512", "grouped"), ("A1024", "prefill"),
                                         ("Q256", "decode"), ("Q512", "prefill"), ("A4096", "prefill"), ("Q1024", "prefill"),
                                         ("Q16384", "prefill")])
 def test_the_path_rule_at_the_fixtures(name, path):
@@ -180,11 +180,12 @@ def test_the_grouped_band_needs_a_wide_hidden_size():
     low, high = fused_prefill.GROUPED_SLOTS_PER_EXPERT
     wide, narrow = fused_prefill.GROUPED_MIN_K, fused_prefill.GROUPED_MIN_K - 128
     assert choose_path(int(100 * low), 100, wide) == "grouped"
-    assert choose_path(int(100 * low) - 1, 100, wide) == "decode"
+    assert choose_path(int(100 * low) - 1, 100, wide) == "prefill"  # below the band: the wgmma pair
     assert choose_path(int(100 * high) - 1, 100, wide) == "grouped"
     assert choose_path(int(100 * high), 100, wide) == "prefill"
     assert choose_path(int(100 * high) - 1, 100, narrow) == "prefill"  # Q's K = 2048 keeps the fused paths
-    assert choose_path(int(100 * low), 100, narrow) == "decode"
+    assert choose_path(int(100 * low), 100, narrow) == "prefill"
+    assert low > fused_prefill.MIN_TOKENS_PER_EXPERT  # the decode kernel below both
 
 
 def test_arm_path_options():

@@ -33,17 +33,20 @@ THREADS_CONSUMING = 256  # the two consumer warpgroups: gate_up's chained sums h
 STAGES = 4  # ring depth: 4 x 40 KB, plus the down kernel's output staging, fits one CTA an SM
 # Mean slots per routed expert from which the wgmma path is taken: below it a block of 64 is
 # mostly padding and the decode kernel, which streams each expert's weights near the HBM rate
-# in blocks of 8, is faster. Both paths forced on the H200 (docs/kernels.md, 9947595): A256 (8.96 slots an
-# expert) decode 217 us, prefill 230; Q512 (10.0) prefill 130, decode 134.
-MIN_TOKENS_PER_EXPERT = 10.0
-# A band where neither fused path is the fastest arm: wide hidden sizes at 8 to 24 slots an
-# expert, where the decode kernel's blocks of 8 take too many passes over K and the wgmma
-# path's blocks of 64 are mostly padding. There the arm runs the Swap-AB grouped GEMMs
-# (cuda-swapab's kernels). Measured in the sweeps before the band (results/h200/experiments/
-# sweep-fused-A-before-band.json.gz, results/h200/sweep-fused-Q.json.gz): A256 (8.96 slots an
-# expert) decode 217.8 us, grouped 212.3; A512 (17.9) prefill 277.3, grouped 232.3; A1024 (35.9)
-# prefill 293.4, grouped 363.1; Q512 (10.0, K = 2048) prefill 131.5, grouped 132.4.
-GROUPED_SLOTS_PER_EXPERT = (8.0, 24.0)
+# in blocks of 8, is faster. Each path forced in one run on the H200 (docs/kernels.md, "the
+# paths' bounds", results/h200/experiments/prefill-band-paths*.json.gz): Q256 (5.0 slots an
+# expert) decode 104.4 us, prefill 115.1; A192 (6.7) prefill 185.3, decode 209.3; Q384 (7.5)
+# prefill 117.3, decode 126.4. (Before the row gathers and pipelined down the bound was 10:
+# A256 decode 217 us, prefill 230.)
+MIN_TOKENS_PER_EXPERT = 6.0
+# A band where neither fused path is the fastest arm: wide hidden sizes at 14 to 24 slots an
+# expert, where the wgmma path's blocks of 64 are mostly padding and its grid of one item a block
+# starts a third round (A448, 265 blocks or more on 132 CTAs). There the arm runs the Swap-AB
+# grouped GEMMs (cuda-swapab's kernels). The same runs: A384 (13.4) prefill 204.4, grouped 217.4;
+# A448 (15.7) grouped 221.3, prefill 263.7; A512 (17.9) grouped 231.3, prefill 244.0; A640 (22.4)
+# grouped 270.6, prefill 276.3; A768 (26.9) prefill 280.2, grouped 310.4. Q (K = 2048) keeps the
+# fused paths: Q384 grouped 123.6, Q512 133.1 against prefill 117.3 and 116.7.
+GROUPED_SLOTS_PER_EXPERT = (14.0, 24.0)
 GROUPED_MIN_K = 4096
 PATHS = ("auto", "decode", "grouped", "prefill")
 
