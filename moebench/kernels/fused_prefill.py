@@ -34,19 +34,20 @@ STAGES = 4  # ring depth: 4 x 40 KB, plus the down kernel's output staging, fits
 # Mean slots per routed expert from which the wgmma path is taken: below it a block of 64 is
 # mostly padding and the decode kernel, which streams each expert's weights near the HBM rate
 # in blocks of 8, is faster. Each path forced in one run on the H200 (docs/kernels.md, "the
-# paths' bounds", results/h200/experiments/prefill-band-paths*.json.gz): Q256 (5.0 slots an
-# expert) decode 104.4 us, prefill 115.1; A192 (6.7) prefill 185.3, decode 209.3; Q384 (7.5)
-# prefill 117.3, decode 126.4. (Before the row gathers and pipelined down the bound was 10:
-# A256 decode 217 us, prefill 230.)
+# paths' bounds", results/h200/experiments/prefill-path-bounds.json.gz): A128 (4.6 slots an
+# expert) decode 174.3 us, prefill 179.9; Q256 (5.0) decode 104.4, prefill 111.7; A192 (6.7)
+# prefill 183.7, decode 210.8; Q384 (7.5) prefill 113.5, decode 127.2. (Before the row gathers and
+# pipelined down the bound was 10: A256 decode 217 us, prefill 230.)
 MIN_TOKENS_PER_EXPERT = 6.0
-# A band where neither fused path is the fastest arm: wide hidden sizes at 14 to 24 slots an
+# A band where neither fused path is the fastest arm: wide hidden sizes at 14 to 20 slots an
 # expert, where the wgmma path's blocks of 64 are mostly padding and its grid of one item a block
-# starts a third round (A448, 265 blocks or more on 132 CTAs). There the arm runs the Swap-AB
-# grouped GEMMs (cuda-swapab's kernels). The same runs: A384 (13.4) prefill 204.4, grouped 217.4;
-# A448 (15.7) grouped 221.3, prefill 263.7; A512 (17.9) grouped 231.3, prefill 244.0; A640 (22.4)
-# grouped 270.6, prefill 276.3; A768 (26.9) prefill 280.2, grouped 310.4. Q (K = 2048) keeps the
-# fused paths: Q384 grouped 123.6, Q512 133.1 against prefill 117.3 and 116.7.
-GROUPED_SLOTS_PER_EXPERT = (14.0, 24.0)
+# starts a third round (265 blocks or more on 132 CTAs). There the arm runs the Swap-AB grouped
+# GEMMs (cuda-swapab's kernels). The same run: A384 (13.4) prefill 203.8, grouped 218.1; A448
+# (15.7) grouped 223.0, prefill 240.1; A640 (22.4) prefill 246.8, grouped 270.5; A768 (26.9)
+# prefill 251.6, grouped 304.0; and A512 (17.9) grouped 231.3, prefill 244.0 (experiments/
+# prefill-gate-up-tail-before.json.gz). The upper bound lies between A512 and A640, unmeasured
+# there. Q (K = 2048) keeps the fused paths: Q384 grouped 125.9 against prefill 113.5.
+GROUPED_SLOTS_PER_EXPERT = (14.0, 20.0)
 GROUPED_MIN_K = 4096
 PATHS = ("auto", "decode", "grouped", "prefill")
 
