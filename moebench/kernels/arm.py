@@ -72,6 +72,9 @@ class Arm(ABC):
     # The CUDA file of moebench/kernels the arm compiles, if any. Such an arm takes `source=`
     # (a KernelSource) and compiles that instead: a `--build` is the arm given the build's source.
     source_file: ClassVar[str | None] = None
+    # Other CUDA files it compiles, each with the keyword that takes a build of it, and the host
+    # modules (dotted names) that launch them: a `--build` of one is the arm given that keyword.
+    build_sources: ClassVar[dict[str, tuple[str, str]]] = {}
 
     @abstractmethod
     def prepare(self, fx: Fixture) -> PreparedCall:

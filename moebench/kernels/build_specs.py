@@ -11,6 +11,7 @@ NAME only. Each user mistake is one UserError line.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
 import os
 import re
@@ -151,37 +152,61 @@ class ResolvedBuild:
                 "host_module": self.host or "working tree", "host_sha256": self.host_sha256}
 
 
-def source_arms() -> dict[str, str]:
-    """Arm name -> the .cu source it compiles (its `source_file`), for the registered arms."""
+def source_arms() -> dict[str, tuple[str, ...]]:
+    """Arm name -> the .cu sources it compiles (its `source_file` first, then its
+    `build_sources`), for the registered arms."""
     out = {}
     for name, factory in load_builtin_arms().items():
         src = getattr(factory, "source_file", None)
         if isinstance(src, str) and src.endswith(".cu"):
-            out[name] = src
+            out[name] = (src, *getattr(factory, "build_sources", {}))
     return out
 
 
-def _family(specs: Sequence[BuildSpec], build_arm: str | None, sources: dict[str, str]) -> str:
-    if build_arm is not None:
-        if build_arm not in sources:
-            raise UserError(f"--build-arm {build_arm!r}: not an arm built from a CUDA source "
-                            f"(those are: {', '.join(sorted(sources))})")
-        return build_arm
+def build_keyword(arm_factory, source_name: str) -> str:
+    """The keyword of `arm_factory` that takes a build of `source_name`."""
+    if source_name == getattr(arm_factory, "source_file", None):
+        return "source"
+    return getattr(arm_factory, "build_sources", {})[source_name][0]
+
+
+def _most_general(arms: list[str]) -> list[str]:
+    """Those of `arms` whose class derives from no other's: a build of sm90_fused_moe.cu is
+    cuda-fused's, not also cuda-fused-det's (a cuda-fused with another reduction order)."""
+    cls = load_builtin_arms()
+    return [a for a in arms if not any(b != a and isinstance(cls[a], type) and isinstance(cls[b], type)
+                                       and issubclass(cls[a], cls[b]) for b in arms)]
+
+
+def _family(specs: Sequence[BuildSpec], build_arm: str | None, sources: dict[str, tuple[str, ...]]) -> tuple[str, str]:
+    """(the arm family the builds are of, the source they stand in for)."""
+    if build_arm is not None and build_arm not in sources:
+        raise UserError(f"--build-arm {build_arm!r}: not an arm built from a CUDA source "
+                        f"(those are: {', '.join(sorted(sources))})")
     families = set()
     for s in specs:
         if s.path is None:
             continue
         base = Path(s.path).name
-        arms = sorted(a for a, src in sources.items() if src == base)
+        if build_arm is not None:  # the file's name picks among the arm's sources, else its first
+            families.add((build_arm, base if base in sources[build_arm] else sources[build_arm][0]))
+            continue
+        arms = _most_general(sorted(a for a, srcs in sources.items() if base in srcs))
         if not arms:
+            known = sorted({src for srcs in sources.values() for src in srcs})
             raise UserError(f"--build {s.text}: {base} is not the source of an arm (known: "
-                            f"{', '.join(sorted(set(sources.values())))}); say which arm it builds with --build-arm")
+                            f"{', '.join(known)}); say which arm it builds with --build-arm")
         if len(arms) > 1:
             raise UserError(f"--build {s.text}: {base} builds {' and '.join(arms)}; choose one with --build-arm")
-        families.add(arms[0])
+        families.add((arms[0], base))
+    if build_arm is not None and not families:
+        return build_arm, sources[build_arm][0]
+    if len({arm for arm, _ in families}) > 1:
+        raise UserError(f"--build: the builds are sources of different arms "
+                        f"({', '.join(sorted({arm for arm, _ in families}))}); builds compare one arm family")
     if len(families) > 1:
-        raise UserError(f"--build: the builds are sources of different arms ({', '.join(sorted(families))}); "
-                        "builds compare one arm family")
+        raise UserError(f"--build: the builds are different sources of {next(iter(families))[0]} "
+                        f"({', '.join(sorted(src for _, src in families))}); builds compare one source")
     if not families:
         raise UserError("--build: no build names a file; give one a PATH or pass --build-arm")
     return families.pop()
@@ -220,12 +245,11 @@ def resolve_builds(spec_texts: Sequence[str], define_texts: Sequence[str] = (), 
     if git_builds and repo_root(cwd) is None:
         raise UserError(f"--build {git_builds[0].text}: {cwd} is not in a git repository (a git: build reads "
                         f"the file at a revision of the repository you are in)")
-    sources = source_arms()
-    arm = _family(specs, build_arm, sources)
+    arm, source_name = _family(specs, build_arm, source_arms())
     default_path = next((s.path for s in specs if s.path is not None), None)
     if default_path is None:  # only git builds without a path: the arm's own source in this repository
-        default_path = str(KERNELS_DIR / sources[arm])
-    builds = [_resolve(s, arm, sources[arm], default_path, tuple(sorted(defines[s.name].items())), cwd)
+        default_path = str(KERNELS_DIR / source_name)
+    builds = [_resolve(s, arm, source_name, default_path, tuple(sorted(defines[s.name].items())), cwd)
               for s in specs]
     return [_with_host(b) if host == "revision" and b.revision else b for b in builds]
 
@@ -281,8 +305,28 @@ def _host_module_path(arm: str) -> Path | None:
     return Path(file).resolve() if file else None
 
 
+def _launcher_differs(b: ResolvedBuild) -> str | None:
+    """For a build of one of the arm's `build_sources`: the module launching it (a file of this
+    tree) when its text at the build's revision differs from this tree's, else None."""
+    entry = getattr(load_builtin_arms()[b.arm], "build_sources", {}).get(b.source_name)
+    if entry is None or b.repo is None or b.commit is None:
+        return None
+    file = importlib.util.find_spec(entry[1]).origin
+    rel = os.path.relpath(file, b.repo)
+    if rel.startswith(".."):
+        return None
+    text = read_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
+    return Path(rel).as_posix() if text is not None and text != Path(file).read_text() else None
+
+
 def _with_host(b: ResolvedBuild) -> ResolvedBuild:
-    """Pin the arm's module as it is at the build's revision, when it exists and differs."""
+    """Pin the arm's module as it is at the build's revision, when it exists and differs. A
+    build of another of its sources runs this tree's launcher for it, so a revision where that
+    launcher differs is refused."""
+    launcher = _launcher_differs(b)
+    if launcher is not None:
+        raise UserError(f"--build {b.spec}: a build of {b.source_name} runs this tree's {launcher}, which "
+                        f"differs at {b.revision}; --build-host worktree times it with this tree's")
     path = _host_module_path(b.arm)
     if path is None or b.repo is None or b.commit is None:
         return b

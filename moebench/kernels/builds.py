@@ -28,8 +28,9 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
 from moebench.kernels.arm import Arm, ArmFactory, PreparedCall
-from moebench.kernels.build_specs import (BuildSpec, ResolvedBuild, parse_build_spec, parse_define,  # noqa: F401
-                                          read_at_revision, resolve_builds, resolve_revision, source_arms)
+from moebench.kernels.build_specs import (BuildSpec, ResolvedBuild, build_keyword, parse_build_spec,  # noqa: F401
+                                          parse_define, read_at_revision, resolve_builds, resolve_revision,
+                                          source_arms)
 from moebench.kernels.registry import arms_in, load_builtin_arms
 
 # ---------------------------------------------------------------------------- host code at a revision
@@ -94,7 +95,11 @@ class BuildArm(Arm):
         return self.inner.unavailable_reason(device)
 
     def prepare(self, fx: Fixture) -> PreparedCall:
-        call = self.inner.prepare(fx)
+        try:
+            call = self.inner.prepare(fx)
+        except UserError as err:  # the family arm's refusal, under this build's name
+            msg, own = str(err), f"{self.inner.name}: "
+            raise UserError(f"{self.name}: {msg[len(own):] if msg.startswith(own) else msg}") from None
         built = call.identity.get("build") if isinstance(call.identity, dict) else None
         if not isinstance(built, dict):
             raise RuntimeError(f"{self.name}: {self.inner.name} reports no build in its identity, so nothing "
@@ -113,15 +118,20 @@ def build_arm_factories(builds: Sequence[ResolvedBuild]) -> dict[str, ArmFactory
     for b in builds:
         inner = host_arm(b)
         params = inspect.signature(inner).parameters
-        if "source" not in params:
-            where = f"{b.host} at {b.revision}" if b.host else f"arm {b.arm!r}"
-            raise UserError(f"--build {b.spec}: {where} takes no source= (its arm compiles only its own file)"
+        where = f"{b.host} at {b.revision}" if b.host else f"arm {b.arm!r}"
+        try:
+            keyword = build_keyword(inner, b.source_name)
+        except KeyError:
+            raise UserError(f"--build {b.spec}: {where} compiles no {b.source_name}"
+                            + ("; --build-host worktree keeps this tree's" if b.host else "")) from None
+        if keyword not in params:
+            raise UserError(f"--build {b.spec}: {where} takes no {keyword}= (its arm compiles only its own file)"
                             + ("; --build-host worktree keeps this tree's" if b.host else ""))
 
-        def factory(__b=b, __inner=inner, **options) -> Arm:
-            return BuildArm(__b, __inner(source=__b.source, **options))
+        def factory(__b=b, __inner=inner, __keyword=keyword, **options) -> Arm:
+            return BuildArm(__b, __inner(**{__keyword: __b.source}, **options))
         # make_arms hands it the family's options (the source is the build's)
-        factory.__signature__ = inspect.Signature([p for n, p in params.items() if n != "source"])
+        factory.__signature__ = inspect.Signature([p for n, p in params.items() if n != keyword])
         out[b.arm_name] = factory
     return out
 

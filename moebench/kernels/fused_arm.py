@@ -31,6 +31,7 @@ from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K, validate  # noqa: F4
 from moebench.kernels.fused_checks import need as _need
 from moebench.kernels.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
                                            FusedWeights, prepare_fused_weights)
+from moebench.kernels.fused_prefill import SOURCE as PREFILL_SOURCE
 from moebench.kernels.fused_prefill import (GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS,
                                             choose_path, prepare_prefill_call)
 from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
@@ -237,11 +238,15 @@ class CudaFusedArm(Arm):
                    "two FP8 wgmma kernels for large expert groups, cuda-swapab's grouped GEMMs in the band between "
                    "at wide K")
     source_file = SOURCE
+    # a build of the prefill pair's source (`--build NAME=.../sm90_fused_prefill.cu`), launched by
+    # fused_prefill
+    build_sources = {PREFILL_SOURCE: ("prefill_source", "moebench.kernels.fused_prefill")}
     deterministic = False  # the DETERMINISTIC build and its combine (cuda-fused-det)
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
-                 source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None):
+                 source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None,
+                 prefill_source: KernelSource | None = None):
         if path is not None and path not in PATHS:
             raise UserError(f"cuda-fused: path={path!r} must be one of {', '.join(PATHS)}")
         if cluster is not None and cluster not in CLUSTERS:
@@ -261,15 +266,21 @@ class CudaFusedArm(Arm):
         tuned = [k for k in ("block_m", "stages", "per_sm", "cluster", "max_clusters") if getattr(self, k) is not None]
         if path in ("prefill", "grouped") and tuned:
             raise UserError(f"cuda-fused: {', '.join(tuned)} set the decode kernel; path={path} does not launch it")
-        if cut and (path in ("decode", "grouped") or tuned or source is not None or self.deterministic):
-            but = (f"path={path} does not launch them" if path in ("decode", "grouped") else
-                   f"{', '.join(tuned)} set the decode kernel" if tuned else
-                   f"a build of {SOURCE} is the decode kernel's" if source is not None else
-                   "the deterministic build is the decode kernel's")
+        # what keeps the prefill kernels from running, if anything
+        but = (f"path={path} does not launch them" if path in ("decode", "grouped") else
+               f"{', '.join(tuned)} set the decode kernel" if tuned else
+               f"a build of {SOURCE} is the decode kernel's" if source is not None else
+               "the deterministic build is the decode kernel's" if self.deterministic else None)
+        if cut and but:
             raise UserError(f"cuda-fused: {', '.join(cut)} set the prefill kernels, but {but}")
         if path in ("prefill", "grouped") and (source is not None or self.deterministic):
             raise UserError(f"cuda-fused: path={path} runs other kernels, not "
                             f"{'a build of ' + SOURCE if source is not None else 'the deterministic build'}")
+        # a build of the prefill pair: the route plan still picks the path, and a call it sends
+        # elsewhere is refused at prepare (it would not run the build)
+        if prefill_source is not None and but:
+            raise UserError(f"cuda-fused: a build of {PREFILL_SOURCE} is of the prefill kernels, but {but}")
+        self.prefill_source = prefill_source
         # options of the decode kernel, a build of its source or the deterministic build choose
         # it (the prefill kernels reduce-add in hardware order); otherwise the route plan does
         # and the prefill kernels' cut chooses them
@@ -298,8 +309,12 @@ class CudaFusedArm(Arm):
         path = choose_path(fx.M * s.top_k, routed, s.K) if self.path == "auto" else self.path
         rule = dict(chosen_by=self.path, routed_experts=routed, min_tokens_per_expert=MIN_TOKENS_PER_EXPERT,
                     grouped_slots_per_expert=list(GROUPED_SLOTS_PER_EXPERT), grouped_min_K=GROUPED_MIN_K)
+        if self.prefill_source is not None and path != "prefill":
+            raise UserError(f"{self.name}: at {s.name} the route plan takes path={path}, which does not run "
+                            f"the build of {PREFILL_SOURCE}; time it at prefill shapes, or with path=prefill")
         if path == "prefill":
-            call = prepare_prefill_call(self.name, fx, chunk=self.chunk, splits=self.splits)
+            call = prepare_prefill_call(self.name, fx, chunk=self.chunk, splits=self.splits,
+                                        source=self.prefill_source)
             call.identity["path_rule"] = rule
             return call
         if path == "grouped":  # cuda-swapab's three kernels, under this arm's name

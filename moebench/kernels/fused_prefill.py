@@ -204,9 +204,12 @@ def validate_prefill(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weight
 
 # Cached per process in the arm's own module, like fused_arm.build_fused.
 @functools.lru_cache(maxsize=None)
-def build_prefill(stages: int = STAGES):
+def build_prefill(stages: int = STAGES, source=None):
+    """The two kernels' module: the shipped source (moebench/kernels', never a file of that name
+    in the current directory), or `source` (a KernelSource: a `--build`)."""
     from moebench.kernels.cuda_build import compile_source
-    return compile_source(SOURCE, defines={"STAGES": str(stages)})
+    from moebench.kernels.kernel_source import KernelSource
+    return compile_source(KernelSource.shipped(SOURCE) if source is None else source, defines={"STAGES": str(stages)})
 
 
 def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
@@ -220,11 +223,12 @@ def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
 
 def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
                         max_ctas: int | None = None, blocks: int | None = None,
-                        splits: int | None = None, chunk: int | None = None):
+                        splits: int | None = None, chunk: int | None = None, source=None):
     """Validate, allocate the intermediate (and a zeroed output when None), build the TMA maps
     and both launches; `launch()` runs the two kernels on torch's current stream. Persistent
     grids of one CTA an SM (or `max_ctas`); the work cut (`split_work`) is picked for `blocks`
-    real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given."""
+    real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given. The
+    kernels are compiled from `source` (a KernelSource) when given, else the shipped file."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit, tensor_map
@@ -239,7 +243,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     a_scale = torch.empty(slots, I // GROUP, dtype=torch.float32, device=dev)
     route_w = topk_weights.reshape(-1)
     w1_map, w2_map = tensor_map(w.w1, (64, 128)), tensor_map(w.w2, (64, 128))
-    module = build_prefill(STAGES)
+    module = build_prefill(STAGES, source)
     smem = shared_bytes(STAGES)
     k1, k2 = module.kernel(GATE_UP, dev.index), module.kernel(DOWN, dev.index)
     for k in (k1, k2):
@@ -279,7 +283,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
 
 
 def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None,
-                         splits: int | None = None):
+                         splits: int | None = None, source=None):
     """The arm's prepared call on this path (untimed: plan, views, buffers, build); `chunk` and
     `splits` override the work cut (split_work's, for the plan's real blocks, when None)."""
     from moebench.fixtures import route_plan
@@ -290,7 +294,8 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     plan = plan.to(fx.device)
     w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
-                                                    max_ctas=max_ctas, blocks=blocks, chunk=chunk, splits=splits)
+                                                    max_ctas=max_ctas, blocks=blocks, chunk=chunk, splits=splits,
+                                                    source=source)
     res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
     identity = {
         "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
