@@ -34,3 +34,23 @@ def test_a_build_runs_its_own_source(arm, source, tmp_path, monkeypatch):
     base, copy = calls
     assert copy.identity["build"]["source_sha256"] == build.source_sha256 != base.identity["build"]["source_sha256"]
     assert copy.identity["compiled"][0]["binary_sha256"] == base.identity["build"]["binary_sha256"]
+
+
+def test_a_build_of_the_prefill_source_runs_the_prefill_kernels_it_names(tmp_path, monkeypatch):
+    shipped = make_arm("cuda-fused", path="prefill")
+    reason = shipped.unavailable_reason(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+    source = "sm90_fused_prefill.cu"
+    (tmp_path / source).write_text((KERNELS_DIR / source).read_text() + "\n// a build of its own\n")
+    monkeypatch.chdir(tmp_path)
+    (build,) = resolve_builds([f"copy={source}"])
+    built = build_arm_factories([build])["cuda-fused@copy"]()  # the route plan picks the prefill pair
+    fx = build_fixture(ShapeRegistry().resolve("Q512")).to("cuda")
+    refs = References(fx)
+    calls = [shipped.prepare(fx), built.prepare(fx)]
+    for call in calls:
+        assert call.identity["path"] == "prefill" and check_parity(call, refs, "Q512").passed
+    base, copy = calls
+    assert copy.identity["build"]["source_sha256"] == build.source_sha256 != base.identity["build"]["source_sha256"]
+    assert copy.identity["compiled"][0]["binary_sha256"] == base.identity["build"]["binary_sha256"]

@@ -109,3 +109,13 @@ def test_a_build_of_the_decode_source_is_cuda_fused_not_also_its_deterministic_a
     # the grouped GEMMs' file is two arms' alike: still one to choose
     with pytest.raises(UserError, match="builds cuda-gemm and cuda-swapab; choose one with --build-arm"):
         resolve_builds(["g=moebench/kernels/sm90_grouped_gemm.cu"])
+
+
+def test_a_variant_of_a_prefill_build_forces_the_pair(copy):
+    from moebench.kernels.registry import load_builtin_arms
+    from moebench.variants import parse_variant, variant_factory
+    (build,) = resolve_builds([f"new={PREFILL}"])
+    known = {**load_builtin_arms(), **build_arm_factories([build])}
+    arm = variant_factory(parse_variant("p=cuda-fused@new:path=prefill"), known)()
+    assert arm.name == "p" and arm.inner.inner.path == "prefill"
+    assert arm.inner.inner.prefill_source == build.source
