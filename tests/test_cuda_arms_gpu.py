@@ -3,10 +3,13 @@ on fresh inputs, and on the edge cases a route plan gets wrong first."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from moebench.fixtures import build_fixture, derive
+from moebench.fixtures import build_fixture, derive, route_plan
+from moebench.kernels.cuda_arms import WGMMA_N
 from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
 from moebench.kernels.verify import edge_cases
@@ -77,6 +80,28 @@ def _one_hot(fx, M):
     if fam.shared_expert:
         ids = torch.cat([ids, torch.full((M, 1), fam.E - 1, dtype=torch.int32)], dim=1)
     return ids
+
+
+@pytest.mark.parametrize("block_t", [b for b in WGMMA_N if b not in (16, 64)])
+def test_swapab_parity_at_every_block_size(fixtures, block_t):
+    """The Swap-AB kernels at the other wgmma N (the route plan in blocks of that size): the edge
+    cases, M one more than a block, one hot expert, and the band's A512 on fresh inputs."""
+    def check(fx, label):
+        arm = make_arm("cuda-swapab")
+        arm.config = dataclasses.replace(arm.config, block_t=block_t)
+        call = arm.prepare(fx)
+        assert call.identity["route_blocks"] == route_plan(fx.topk_ids.cpu(), fx.spec.E, block_t).num_blocks
+        parity = check_parity(call, References(fx), label)
+        assert parity.passed, f"block_t={block_t} {label}: {parity.reason()} (max abs {parity.max_abs:.3g})"
+    fx = fixtures("A8")
+    for case in edge_cases(fx, fx.spec.seed + 2):
+        check(case.fixture, f"A8 {case.label}")
+    check(derive(fx, fx.spec.seed + 9, M=block_t + 1), f"A8 M={block_t + 1}")
+    check(derive(fx, fx.spec.seed + 8, topk_ids=_one_hot(fx, 3 * block_t + 5)), "A8 one hot expert")
+    a512 = fixtures("A512")
+    check(derive(a512, a512.spec.seed + 1), "A512 fresh")
+    q = fixtures("Q128")
+    check(derive(q, q.spec.seed + 1), "Q128 fresh")
 
 
 @pytest.mark.parametrize("arm", ARMS)

@@ -214,7 +214,8 @@ from moebench.kernels.cuda_arms import (CUDA_GEMM, CUDA_SWAPAB, GemmConfig,  # n
                                         gemm2_target_steps, gemm_grid, swiglu_grid, tiles_per_cta)
 
 
-@pytest.mark.parametrize("cfg", [CUDA_GEMM, CUDA_SWAPAB, GemmConfig(True, 8), GemmConfig(True, 32, stages=4)])
+@pytest.mark.parametrize("cfg", [CUDA_GEMM, CUDA_SWAPAB, GemmConfig(True, 8), GemmConfig(True, 24),
+                                 GemmConfig(True, 32, stages=4), GemmConfig(True, 48)])
 def test_host_shared_bytes_match_the_kernel_layout(cache, cfg):
     src = f'#include "sm90_grouped_gemm.cu"\nstatic_assert(SMEM_BYTES == {cfg.shared_bytes()}, "host/device smem");\n'
     compile_source(src, defines=cfg.defines(), name="smem_check.cu")  # fails to compile if they differ

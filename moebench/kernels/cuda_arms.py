@@ -35,6 +35,9 @@ KERNELS = (
 )
 
 
+WGMMA_N = (8, 16, 24, 32, 48, 64)  # the m64nNk32 shapes sm90_common.cuh's Wgmma<N> spells out
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     swap_ab: bool
@@ -46,8 +49,9 @@ class GemmConfig:
     def __post_init__(self):
         if not self.swap_ab and self.block_t != 64:
             raise ValueError("with tokens in the 64-row wgmma slot a block is 64 slots")
-        if self.block_t % 8 or not 8 <= self.block_t <= 64:
-            raise ValueError(f"block_t must be a multiple of 8 in [8, 64], got {self.block_t}")
+        if self.block_t not in WGMMA_N:
+            raise ValueError(f"block_t must be one of {', '.join(map(str, WGMMA_N))} (the wgmma N the "
+                             f"kernel has), got {self.block_t}")
 
     def defines(self) -> dict[str, str]:
         return {"SWAP_AB": str(int(self.swap_ab)), "BLOCK_T": str(self.block_t), "STAGES": str(self.stages)}
