@@ -14,7 +14,7 @@ import torch
 
 from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
-from moebench.kernels.fused_arm import CudaFusedArm
+from moebench.kernels.fused_arm import CudaFusedArm, CudaFusedDetArm
 from moebench.kernels.fused_prefill import BLOCK_M, make_prefill_launch, prefill_weights
 from moebench.kernels.parity import References, check_parity, compare
 
@@ -40,11 +40,11 @@ def at(family: str, M: int, seed: int):
 
 
 def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False, splits=None, chunk=None,
-                times=1):
+                times=1, zero_out=False):
     w = w if w is not None else prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, BLOCK_M).to(fx.device)
     launch, out, _, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out,
-                                               max_ctas=max_ctas, splits=splits, chunk=chunk)
+                                               max_ctas=max_ctas, splits=splits, chunk=chunk, zero_out=zero_out)
     if splits is not None:
         assert dims["splits"] == splits
     start = out.clone()
@@ -93,7 +93,7 @@ def test_the_grouped_band_runs_the_swap_ab_gemms_under_the_arm(family, M, forced
 
 def test_decode_sized_calls_keep_the_decode_kernel():
     call = CudaFusedArm().prepare(build_fixture(ShapeRegistry().resolve("Q8")).to("cuda"))
-    assert call.identity["path"] == "decode" and call.kernels_per_sample == 1
+    assert call.identity["path"] == "decode" and call.kernels_per_sample == 2  # zeroing, fused
 
 
 def test_one_hot_expert_takes_every_token():
@@ -184,10 +184,34 @@ def test_small_prefill_for_the_sanitizers():
     # The shape compute-sanitizer runs (memcheck and racecheck, docs/kernels.md): small enough to
     # finish under racecheck, yet every mechanism of the path: chained K ranges over several
     # chunks of one requant group's K, down in chunks, three CTAs walking many items each, a
-    # second launch after the first left its flags lowered, garbage intermediates.
+    # second launch after the first left its flags lowered, garbage intermediates, and gate_up's
+    # bulk copies zeroing a NaN-poisoned output.
     fam, M, seed = OTHER_DIMS["U200 (K=640)"]
     fx = build_fixture(ShapeSpec("U200", fam, M, seed=seed)).to("cuda")
-    assert_parity(fx, run_prefill(fx, poison=True, max_ctas=3, splits=2, chunk=1, times=2), "U200-sanitizers")
+    out = torch.full((fx.M, fx.spec.K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert_parity(fx, run_prefill(fx, out=out, poison=True, max_ctas=3, splits=2, chunk=1, times=2, zero_out=True),
+                  "U200-sanitizers")
+
+
+@pytest.mark.parametrize("arm, shape, path", [(CudaFusedArm, "Q8", "decode"), (CudaFusedArm, "A128", "decode"),
+                                              (CudaFusedDetArm, "A8", "decode"), (CudaFusedArm, "Q1024", "prefill"),
+                                              (CudaFusedArm, "A1024", "prefill"), (CudaFusedArm, "A512", "grouped")])
+def test_the_arm_writes_its_output_every_call(arm, shape, path):
+    # No untimed reset: each timed call writes the whole output (a poisoned one comes out right),
+    # and a second call writes it again rather than adding to it.
+    fx = build_fixture(ShapeRegistry().resolve(shape)).to("cuda")
+    call = arm().prepare(fx)
+    assert call.reset is None and call.identity["path"] == path
+    ref = fixture_reference(fx).float()
+    outs = []
+    for _ in range(2):
+        call.output.fill_(float("nan"))
+        call.run()
+        torch.cuda.synchronize()
+        outs.append(call.output.float().clone())
+        assert_parity(fx, outs[-1], f"{shape}-{path}-written", ref=ref)
+    rel = (outs[0] - outs[1]).norm() / outs[0].norm()
+    assert rel < 1e-2, f"two calls differ by {rel:.3g}"
 
 
 # ------------------------------------------------------------------------------ the work cuts

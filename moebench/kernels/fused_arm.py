@@ -45,6 +45,8 @@ SOURCE = "sm90_fused_moe.cu"
 KERNEL_NAME = "moebench_fused_moe"
 COMBINE_NAME = "moebench_fused_moe_combine"  # the deterministic build's second kernel
 COMBINE_THREADS = 128  # the .cu's COMBINE_THREADS
+ZERO_NAME = "moebench_zero_out"  # zeroes the output ahead of the fused kernel, when the call writes it
+ZERO_CTAS = 264
 
 
 # ------------------------------------------------------------------------------ build and launch shape
@@ -139,9 +141,11 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
                       out: torch.Tensor | None = None, *, stages: int | None = None,
                       per_sm: int | None = None, max_clusters: int | None = None,
                       items: int | None = None, source: KernelSource | None = None,
-                      deterministic: bool = False):
+                      deterministic: bool = False, zero_out: bool = False):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
-    (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream.
+    (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream, adding
+    into `out`; with `zero_out` the launch writes `out` instead (a zeroing kernel ahead of the
+    fused one, its programmatic dependent; the deterministic build's combine stores its sums).
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
     (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
     cluster size is the one `weights` were laid out for. The kernel is compiled from `source`
@@ -181,13 +185,21 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
     args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
-    run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
+    zeroing = zero_out and ws is None
+    run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args, pdl=zeroing)
     if ws is not None:
-        fused_run, combine = run, bind_combine(module, x.device.index, ws, out, dims["M"], dims["top_k"], G, K)
+        fused_run, combine = run, bind_combine(module, x.device.index, ws, out, dims["M"], dims["top_k"], G, K,
+                                               accumulate=not zero_out)
 
         def run() -> None:
             fused_run()
             combine()
+    elif zeroing:
+        fused_run, zero = run, bind_zero(module, x.device.index, out)
+
+        def run() -> None:
+            zero()
+            fused_run()
     keep = (x, x_scale, weights, plan, topk_weights, out, work, ws)  # the pointers stay valid while launch lives
     device = x.device.index
 
@@ -202,16 +214,30 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
                                       max_blocks=max_blocks, cluster=cluster, work=work, workspace=ws)
 
 
-def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor, M: int, top_k: int, G: int, K: int):
-    """The deterministic build's combine: out[t] += its top_k * G workspace rows, summed in order;
-    launched as the fused kernel's programmatic dependent (it waits for that kernel's end)."""
+def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor, M: int, top_k: int, G: int, K: int,
+                 accumulate: bool = True):
+    """The deterministic build's combine: out[t] += its top_k * G workspace rows, summed in order
+    (out[t] = when not `accumulate`); launched as the fused kernel's programmatic dependent (it
+    waits for that kernel's end)."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch
     kernel = module.kernel(COMBINE_NAME, device_index)
     grid = (-(-M * (K // 8) // COMBINE_THREADS), 1, 1)
     return bind_launch(kernel, grid, (COMBINE_THREADS, 1, 1), 0, np.uint64(ws.data_ptr()), np.uint64(out.data_ptr()),
-                       *(np.int32(v) for v in (M, top_k, G, K)), pdl=True)
+                       *(np.int32(v) for v in (M, top_k, G, K, int(accumulate))), pdl=True)
+
+
+def bind_zero(module, device_index: int, out: torch.Tensor):
+    """The launch that zeroes `out` ahead of the fused kernel (ZERO_NAME: 16 bytes a thread, at
+    most ZERO_CTAS CTAs of 256); the fused kernel is launched as its programmatic dependent."""
+    import numpy as np
+
+    from moebench.kernels.cuda_launch import bind_launch
+    n16 = out.numel() * out.element_size() // 16
+    grid = (max(1, min(ZERO_CTAS, -(-n16 // 256))), 1, 1)
+    return bind_launch(module.kernel(ZERO_NAME, device_index), grid, (256, 1, 1), 0,
+                       np.uint64(out.data_ptr()), np.int64(n16))
 
 
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
@@ -227,7 +253,7 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 # ------------------------------------------------------------------------------ the arm
 
 
-FUSED_KERNELS = (KernelDecl("fused", r"moebench_fused_moe", 1),)
+FUSED_KERNELS = (KernelDecl("zero", ZERO_NAME, 1), KernelDecl("fused", r"moebench_fused_moe", 1))
 FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
                      KernelDecl("combine", r"moebench_fused_moe_combine", 1))
 
@@ -332,7 +358,7 @@ class CudaFusedArm(Arm):
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
                                                       max_clusters=self.max_clusters, source=self.source,
-                                                      deterministic=self.deterministic)
+                                                      deterministic=self.deterministic, zero_out=True)
         res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
             "path": "decode", "path_rule": rule,
@@ -342,9 +368,11 @@ class CudaFusedArm(Arm):
             "clusters": dims["grid"][0] // dims["cluster"], "cluster_policy": dims["cluster_policy"],
             "items": items, "build": module.build.to_dict(), "deterministic": self.deterministic,
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
+            "output": ("written: the combine stores its sums" if self.deterministic else
+                       f"written: {ZERO_NAME} zeroes it, the fused kernel adds into it"),
         }
         kernels = FUSED_DET_KERNELS if self.deterministic else FUSED_KERNELS
-        return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels, reset=out.zero_,
+        return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels,
                             identity=identity, workspace=dims["workspace"])
 
 

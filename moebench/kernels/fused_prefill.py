@@ -223,9 +223,11 @@ def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
 
 def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
                         max_ctas: int | None = None, blocks: int | None = None,
-                        splits: int | None = None, chunk: int | None = None, source=None):
+                        splits: int | None = None, chunk: int | None = None, source=None,
+                        zero_out: bool = False):
     """Validate, allocate the intermediate (and a zeroed output when None), build the TMA maps
-    and both launches; `launch()` runs the two kernels on torch's current stream. Persistent
+    and both launches; `launch()` runs the two kernels on torch's current stream: down adds into
+    `out`, which gate_up zeroes first when `zero_out` (the launch then writes it). Persistent
     grids of one CTA an SM (or `max_ctas`); the work cut (`split_work`) is picked for `blocks`
     real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given. The
     kernels are compiled from `source` (a KernelSource) when given, else the shipped file."""
@@ -266,7 +268,8 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     run1 = bind_launch(k1, grid1, (THREADS, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
                        p(x.data_ptr()), p(x_scale.data_ptr()), *plan_ptrs, p(a.data_ptr()), p(a_scale.data_ptr()),
                        i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks), i32(splits),
-                       p(part.data_ptr()), p(flags.data_ptr()))
+                       p(part.data_ptr()), p(flags.data_ptr()),
+                       p(out.data_ptr() if zero_out else 0), np.int64(out.numel() * out.element_size() if zero_out else 0))
     run2 = bind_launch(k2, grid2, (THREADS, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
                        p(a.data_ptr()), p(a_scale.data_ptr()), *plan_ptrs, p(route_w.data_ptr()), p(out.data_ptr()),
                        i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks), i32(chunk))
@@ -295,7 +298,7 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
                                                     max_ctas=max_ctas, blocks=blocks, chunk=chunk, splits=splits,
-                                                    source=source)
+                                                    source=source, zero_out=True)
     res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
     identity = {
         "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
@@ -307,7 +310,8 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
         "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),
         "resources_from": sorted({r.source for r in res.values()}),
         "mma": "wgmma m64n128k32 e4m3 -> f32, tokens in M",
+        "output": "written: gate_up zeroes it, down adds into it",
     }
     return PreparedCall(arm=arm_name, run=launch, output=out,
                         kernels=tuple(KernelDecl(label, name, 1) for label, name in KERNELS),
-                        reset=out.zero_, identity=identity, workspace=dims["intermediate"])
+                        identity=identity, workspace=dims["intermediate"])

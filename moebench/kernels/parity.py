@@ -1,8 +1,9 @@
 """Parity: does a prepared arm compute the oracle's function? Checked before any timing.
 
 The output is poisoned with NaN before the call, so an element the arm never wrote shows
-up as non-finite. Arms that accumulate into their output zero it in `reset()` (untimed),
-which overwrites the poison: their accumulation is tested separately.
+up as non-finite. An arm that accumulates into its output zeroes it in `reset()` (untimed),
+which overwrites the poison (an external arm may; the built-in ones write their outputs in
+the timed call).
 
 An arm is judged against the oracle with the roundings it declares (`PreparedCall.oracle`,
 see moebench.fixtures.oracle); its distance from the exact oracle is reported beside it.

@@ -62,6 +62,16 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// global[dst, dst + bytes) = shared[src, src + bytes) by the bulk-copy engine, one group (bytes a
+// multiple of 16, both ends 16-byte aligned); bulk_wait_all waits for this thread's groups to end.
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+               "cp.async.bulk.commit_group;" :: "l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 // ------------------------------------------------------------------ copies
 
 __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {

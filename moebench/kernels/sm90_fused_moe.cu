@@ -1200,6 +1200,11 @@ __device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, cons
             swiglu_exchange(c, n, acc);
         }
         requant(c, m);
+        // The output's zeroing kernel, launched ahead of this one (moebench_zero_out), has ended
+        // before this thread's first reduction into the output (no-op when there is none)
+        if constexpr (!DETERMINISTIC) {
+            if (n == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+        }
         gemm2(c, m);
         // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
         // queue behind the memory traffic in flight, and GEMM2's first chunk would wait behind it.
@@ -1251,19 +1256,33 @@ moebench_fused_moe(
     cluster_wait_acquire();
 }
 
+// ------------------------------------------------------------------------------ the output's zeroing
+
+// out[0, n16) = 0 in 16-byte stores, for a launch that writes its output rather than adding into
+// it: launched just ahead of the fused kernel, which it lets start at once (a programmatic
+// dependent: the fused kernel's consumers wait for this grid's end before they first reduce).
+extern "C" __global__ void __launch_bounds__(256) moebench_zero_out(uint4* __restrict__ out, long long n16) {
+    asm volatile("griddepcontrol.launch_dependents;");
+    const long long stride = 256ll * gridDim.x;
+    #pragma unroll 1  // (unrolled, the trip count is a 64-bit division: a subroutine)
+    for (long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x; i < n16; i += stride)
+        out[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
 #if DETERMINISTIC
 // ------------------------------------------------------------------------------ the combine
 
 #define COMBINE_THREADS 128
 #define COMBINE_BATCH 10  // rows loaded before the first add: top_k x G of A (9) and Q (10) in one trip
 
-// out[t, 8c..8c+7] += sum over k < top_k, then g < G, of part[(t * top_k + k) * G + g, 8c..]:
+// out[t, 8c..8c+7] += sum over k < top_k, then g < G, of part[(t * top_k + k) * G + g, 8c..]
+// (= when `accumulate` is 0: the output written, its old value never read):
 // FP32 sums in that order, one BF16 rounding. A thread per 8 columns of a token; reads
 // 16 * top_k * G bytes and writes 16 (A8: 1.0 MB read, 115 KB written). The loads of a batch
 // all go out before the first add (one L2 round trip a batch, not one a row); the adds keep
 // the order. Launched with programmatic stream serialization: its CTAs may start while the
 // fused kernel's last CTAs finish (that kernel lets its dependents launch as its CTAs' items
-// are done), read the output's old value, and wait until that kernel has completed and its
+// are done), read the output's old value (accumulating), and wait until that kernel has completed and its
 // workspace stores are visible. The workspace is read through L2 (ld.global.cg): the fused
 // kernel writes it during this grid's lifetime.
 // Two BF16 (low half first) added to s0, s1; and two FP32 sums rounded back to BF16x2.
@@ -1280,7 +1299,7 @@ __device__ __forceinline__ u32 bf16x2_plus(u32 v, float s0, float s1) {
 
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned short* __restrict__ out,
-                           int M, int top_k, int G, int K)
+                           int M, int top_k, int G, int K, int accumulate)
 {
     const int K8 = K >> 3;
     const long long i = static_cast<long long>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
@@ -1288,7 +1307,7 @@ moebench_fused_moe_combine(const unsigned short* __restrict__ part, unsigned sho
     // The output is not the fused kernel's to write (it writes the workspace), so its old value is
     // read before the wait: that load's HBM round trip is off the tail past the fused grid's end.
     uint4* dst = reinterpret_cast<uint4*>(out) + i;
-    const uint4 o = *dst;
+    const uint4 o = accumulate ? *dst : make_uint4(0u, 0u, 0u, 0u);  // (0: the output is written)
     asm volatile("griddepcontrol.wait;" ::: "memory");
     const int t = static_cast<int>(i / K8), col = static_cast<int>(i - static_cast<long long>(t) * K8);
     const int rows = top_k * G;

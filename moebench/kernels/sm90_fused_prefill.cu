@@ -2,6 +2,8 @@
 //
 //   moebench_prefill_gate_up   a[slot, 128g..] , a_scale[slot, g] = requant128(silu(x . w1_gate^T) * (x . w1_up^T))
 //   moebench_prefill_down      out[token(slot), :] += route_w[slot] * (a[slot] . w2[e]^T)      BF16 reduce-add
+// gate_up also zeroes `out` when the launch writes it rather than adding into it (bulk copies from
+// shared memory, one a K step: the output's write traffic spread under the GEMM).
 //
 // The decode kernel (sm90_fused_moe.cu) runs mma.sync m16n8k32 e4m3, which sm_90 executes as
 // unpacked F16 HMMAs: free while it waits on HBM, the limit once expert groups hold hundreds
@@ -67,6 +69,7 @@ constexpr int A_TILE = BLOCK_M * BLOCK_K;  // 8 KB
 constexpr int B_TILE = BLOCK_N * BLOCK_K;  // 32 KB
 constexpr int SCALES = BLOCK_M + 4;        // 64 row scales, then 2 weight scales (padded to 16 B)
 constexpr int C_ROW = WG_N * 2 + 16;       // one staged BF16 output row of a warpgroup, padded
+constexpr int ZERO_COPY = 4096;            // (gate_up) bytes of output zeroed by one bulk copy
 
 // Dynamic shared memory, from a 1024-aligned base (swizzled tiles need it).
 constexpr int OFF_A = 0;
@@ -77,6 +80,7 @@ constexpr int OFF_C = OFF_AMAX + 2 * 2 * BLOCK_M * 4;      // [2 warpgroups][64 
 constexpr int OFF_ROWS = OFF_C + 2 * BLOCK_M * C_ROW;     // (down) [2 warpgroups][2 item parities][64] token rows
 constexpr int OFF_BAR = OFF_ROWS + 2 * 2 * BLOCK_M * 4;
 constexpr int SMEM_USED = OFF_BAR + 2 * STAGES * 8;
+static_assert(ZERO_COPY <= 2 * BLOCK_M * C_ROW, "gate_up's zero source lies in down's staging space");
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // what the host must pass (alignment slack)
 static_assert(SMEM_BYTES <= 227 * 1024, "STAGES too deep for one CTA an SM");
 
@@ -154,6 +158,10 @@ struct Problem {
   int splits, chunk;
   float* part;
   int* flags;
+  // (gate_up) the output down reduce-adds into, zeroed by this launch when not null: `zero_bytes`
+  // from `zero_out`, a stripe a CTA
+  uint8_t* zero_out;
+  long long zero_bytes;
 };
 
 // What one item covers: its plan block, tiles [tile0, tile1), K steps [kb0, kb1), and (gate_up)
@@ -206,6 +214,24 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
     slot_lo = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane];
     slot_hi = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32];
   }
+  // gate_up zeroes the output for down: this CTA's stripe [zero, zero_end), 16-byte aligned, by
+  // bulk copies of ZERO_COPY zeroed bytes of down's staging space (unused here), one a K step
+  // after the step's loads, the rest after the last item; lane 0 issues them
+  long long zero = 0, zero_end = 0;
+  if (GATE_UP && p.zero_out != nullptr) {
+    const long long per = (p.zero_bytes / 16 + gridDim.x - 1) / gridDim.x * 16;
+    zero = min(p.zero_bytes, blockIdx.x * per);
+    zero_end = min(p.zero_bytes, zero + per);
+    uint4* src = reinterpret_cast<uint4*>(smem + OFF_C);
+    for (int i = lane; i < ZERO_COPY / 16; i += 32) src[i] = make_uint4(0u, 0u, 0u, 0u);
+    fence_proxy_async_smem();  // this lane's zeros -> the bulk copies (async proxy)
+    __syncwarp();
+  }
+  auto zero_some = [&]() {
+    const int bytes = int(min(static_cast<long long>(ZERO_COPY), zero_end - zero));
+    bulk_store(p.zero_out + zero, smem + OFF_C, bytes);
+    zero += bytes;
+  };
   int step = 0;
   while (item < items) {
     const Span sp = item_span<GATE_UP>(p, item);
@@ -256,6 +282,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
                           expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
             cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
             cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
+            if (GATE_UP && zero < zero_end) zero_some();
           }
           const int c = lane & 7;
 #pragma unroll
@@ -282,6 +309,10 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   cp_async_wait_all();
   fence_proxy_async_smem();
   for (int i = step > LAG ? step - LAG : 0; i < step; ++i) mbar_arrive(&full[i % STAGES]);
+  if (GATE_UP && lane == 0 && zero_end > 0) {
+    while (zero < zero_end) zero_some();
+    bulk_wait_all();  // the copies have read their source and written the output before the CTA ends
+  }
 }
 
 // ---------------------------------------------------------------------------------- consumers
@@ -534,21 +565,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_u
     const __grid_constant__ TmaDescriptor w1_map, const float* w1_scale, const uint8_t* x, const float* x_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, uint8_t* a, float* a_scale,
     int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float* part,
-    int* flags) {
+    int* flags, uint16_t* zero_out, long long zero_bytes) {
   const Problem p{&w1_map, w1_scale, n_dim, k_dim, x, x_scale, top_k, sorted_ids, expert_ids,
                   num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256,
-                  splits, 1, part, flags};
+                  splits, 1, part, flags, reinterpret_cast<uint8_t*>(zero_out), zero_bytes};
   run<true>(p, a, a_scale, nullptr, nullptr, top_k);
 }
 
 // GEMM2 + combine: a [slots, I] against w2 [E * K, I]; out[slot / top_k, :K] += route_w[slot] * .
-// in BF16 (out is accumulated into, not zeroed).
+// in BF16 (out is accumulated into; gate_up zeroed it when the launch writes it).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(
     const __grid_constant__ TmaDescriptor w2_map, const float* w2_scale, const uint8_t* a, const float* a_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, const float* route_w,
     uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk) {
   const Problem p{&w2_map, w2_scale, k_dim, inter, a, a_scale, 1, sorted_ids, expert_ids,
                   num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), (k_dim + BLOCK_N - 1) / BLOCK_N,
-                  1, chunk, nullptr, nullptr};
+                  1, chunk, nullptr, nullptr, nullptr, 0};
   run<false>(p, nullptr, nullptr, route_w, out, top_k);
 }
