@@ -216,7 +216,7 @@ def sections() -> dict[str, str]:
                            "results/h200/all-arms-after-fused-split.json.gz",
                            "--format", "markdown"),
         "flush": log_lines("flush.log", r"^add: median") + "\n" + flush_table(),
-        "house": moebench("compare", "results/h200/house-before.json.gz", "results/h200/all-arms.json",
+        "house": moebench("compare", "results/h200/house-before.json.gz", "results/h200/all-arms-untimed-reset.json.gz",
                           "--format", "markdown"),
         "determinism": determinism_rows(),
         "det-cost": moebench("report", "results/h200/det-cost.json.gz", "--format", "summary"),
