@@ -179,17 +179,20 @@ def test_accumulates_into_a_nonzero_output(cluster):
 
 
 @CLUSTERS
+@pytest.mark.parametrize("zero_out", [False, True])
 @pytest.mark.parametrize("shape,clusters", [("Q128", None), ("Q128", 3), ("Q8", None)])
-def test_every_launch_does_all_the_work(shape, clusters, cluster):
+def test_every_launch_does_all_the_work(shape, clusters, cluster, zero_out):
     # work after each cluster's first item comes from a ticket counter that the last cluster
     # out of work zeroes, and in launches of one round (Q8, three CTAs an SM) each busy CTA
-    # takes back its SM's count: each launch of one launch object must do every item again
+    # takes back its SM's count; the output's zeroing stripes are claimed from counters the last
+    # CTA out resets: each launch of one launch object must do every item again (and, writing
+    # its output, zero all of it again: a NaN-poisoned output comes out right)
     fx = fixture(shape)
     plan = route_plan(fx.topk_ids, fx.spec.E, 8).to(fx.device)
     launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights(shape, cluster), plan,
-                                             fx.topk_weights, max_clusters=clusters)
+                                             fx.topk_weights, max_clusters=clusters, zero_out=zero_out)
     for i in range(3):
-        out.zero_()
+        out.fill_(float("nan") if zero_out else 0.0)
         launch()
         torch.cuda.synchronize()
         assert not dims["work"].any(), f"launch {i}: counters left at {dims['work'].nonzero().flatten().tolist()}"
