@@ -74,8 +74,15 @@ def test_deterministic_sass_stores_instead_of_reducing(cache, tmp_path):
     assert len(re.findall(r"LDG\.E\.128\.STRONG\.GPU", combine)) == 10  # one batch of rows in flight
     default = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(8, 5, 2, 4))
     cubin.write_bytes(default.cubin)
-    plain = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    assert "PREEXIT" not in plain  # cuda-fused has no dependent
+    plain = re.split(r"\n\s*Function : ", subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
+                                                           check=True).stdout)
+    fused = next(f for f in plain if f.startswith(fused_arm.KERNEL_NAME + "\n"))
+    zero = next(f for f in plain if f.startswith(fused_arm.ZERO_NAME))
+    # cuda-fused: the zeroing kernel lets the fused kernel launch at once (PREEXIT first thing);
+    # the fused kernel has no dependent and waits for the zeroing's end (ACQBULK) before it
+    # first reduces into the output
+    assert "PREEXIT" not in fused and "PREEXIT" in zero and zero.index("PREEXIT") < zero.index("STG.E.128")
+    assert "ACQBULK" in fused and fused.index("ACQBULK") < fused.index("REDG")
 
 
 def test_the_spilling_deterministic_build_is_refused(cache):
@@ -98,7 +105,9 @@ def test_declared_kernels_tell_the_fused_kernel_from_the_combine():
     assert kernel_mismatch([fused_arm.KERNEL_NAME, fused_arm.COMBINE_NAME], det) is None
     assert kernel_mismatch([fused_arm.KERNEL_NAME], det) is not None  # no combine
     assert kernel_mismatch([fused_arm.COMBINE_NAME, fused_arm.COMBINE_NAME], det) is not None
-    assert kernel_mismatch([fused_arm.KERNEL_NAME], fused_arm.FUSED_KERNELS) is None
+    plain = fused_arm.FUSED_KERNELS  # the zeroing kernel, then the fused kernel
+    assert kernel_mismatch([fused_arm.ZERO_NAME, fused_arm.KERNEL_NAME], plain) is None
+    assert kernel_mismatch([fused_arm.KERNEL_NAME], plain) is not None  # the output not zeroed
     arm = make_arm("cuda-fused-det")
     assert arm.name == "cuda-fused-det" and arm.deterministic and not make_arm("cuda-fused").deterministic
     assert arm.unavailable_reason("cpu")

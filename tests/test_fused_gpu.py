@@ -56,7 +56,7 @@ def assert_parity(fx, out, label):
 def test_parity_standard_fixtures(name, cluster):
     fx = fixture(name)
     call = CudaFusedArm(cluster=cluster).prepare(fx)
-    assert call.kernels_per_sample == 1
+    assert call.kernels_per_sample == 2  # the output's zeroing, the fused kernel
     assert call.identity["cluster"] == (cluster or DEFAULT_CLUSTER)
     if cluster is None:  # persistent launches (A128, Q128) placed load-balanced, one-round ones as default
         assert call.identity["cluster_policy"] == ("load-balancing" if name in ("A128", "Q128") else "default")
@@ -184,9 +184,8 @@ def test_accumulates_into_a_nonzero_output(cluster):
 def test_every_launch_does_all_the_work(shape, clusters, cluster, zero_out):
     # work after each cluster's first item comes from a ticket counter that the last cluster
     # out of work zeroes, and in launches of one round (Q8, three CTAs an SM) each busy CTA
-    # takes back its SM's count; the output's zeroing stripes are claimed from counters the last
-    # CTA out resets: each launch of one launch object must do every item again (and, writing
-    # its output, zero all of it again: a NaN-poisoned output comes out right)
+    # takes back its SM's count: each launch of one launch object must do every item again (and,
+    # writing its output, zero all of it again: a NaN-poisoned output comes out right)
     fx = fixture(shape)
     plan = route_plan(fx.topk_ids, fx.spec.E, 8).to(fx.device)
     launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights(shape, cluster), plan,

@@ -45,6 +45,8 @@ SOURCE = "sm90_fused_moe.cu"
 KERNEL_NAME = "moebench_fused_moe"
 COMBINE_NAME = "moebench_fused_moe_combine"  # the deterministic build's second kernel
 COMBINE_THREADS = 128  # the .cu's COMBINE_THREADS
+ZERO_NAME = "moebench_zero_out"  # zeroes the output ahead of the fused kernel, when the call writes it
+ZERO_CTAS = 264
 
 
 # ------------------------------------------------------------------------------ build and launch shape
@@ -142,8 +144,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
                       deterministic: bool = False, zero_out: bool = False):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream, adding
-    into `out`; with `zero_out` the launch writes `out` instead (the kernel zeroes it before its
-    first reduction; the deterministic build's combine stores its sums).
+    into `out`; with `zero_out` the launch writes `out` instead (a zeroing kernel ahead of the
+    fused one, its programmatic dependent; the deterministic build's combine stores its sums).
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
     (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
     cluster size is the one `weights` were laid out for. The kernel is compiled from `source`
@@ -157,9 +159,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
     # The kernel's work counters: zero at every launch (the last cluster out of work resets the
     # tickets, each CTA takes back its SM's count), so one launch of this object in flight at a time.
-    # tickets, clusters out of work, busy CTAs per SM, then the output's zeroing (claimed stripes,
-    # stripes done, CTAs out)
-    work = torch.zeros(2 + 256 + 3, dtype=torch.int32, device=x.device)
+    work = torch.zeros(2 + 256, dtype=torch.int32, device=x.device)  # tickets, then busy CTAs per SM
     bm, K, cluster = dims["block_m"], dims["K"], weights.cluster
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
@@ -183,10 +183,10 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
                                    topk_weights, out if ws is None else ws, work)]
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
-    zero16 = out.numel() * out.element_size() // 16 if zero_out and ws is None else 0
-    args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints] + [np.int64(zero16)]
+    args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
-    run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args)
+    zeroing = zero_out and ws is None
+    run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args, pdl=zeroing)
     if ws is not None:
         fused_run, combine = run, bind_combine(module, x.device.index, ws, out, dims["M"], dims["top_k"], G, K,
                                                accumulate=not zero_out)
@@ -194,6 +194,12 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
         def run() -> None:
             fused_run()
             combine()
+    elif zeroing:
+        fused_run, zero = run, bind_zero(module, x.device.index, out)
+
+        def run() -> None:
+            zero()
+            fused_run()
     keep = (x, x_scale, weights, plan, topk_weights, out, work, ws)  # the pointers stay valid while launch lives
     device = x.device.index
 
@@ -222,6 +228,18 @@ def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor,
                        *(np.int32(v) for v in (M, top_k, G, K, int(accumulate))), pdl=True)
 
 
+def bind_zero(module, device_index: int, out: torch.Tensor):
+    """The launch that zeroes `out` ahead of the fused kernel (ZERO_NAME: 16 bytes a thread, at
+    most ZERO_CTAS CTAs of 256); the fused kernel is launched as its programmatic dependent."""
+    import numpy as np
+
+    from moebench.kernels.cuda_launch import bind_launch
+    n16 = out.numel() * out.element_size() // 16
+    grid = (max(1, min(ZERO_CTAS, -(-n16 // 256))), 1, 1)
+    return bind_launch(module.kernel(ZERO_NAME, device_index), grid, (256, 1, 1), 0,
+                       np.uint64(out.data_ptr()), np.int64(n16))
+
+
 def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
               out: torch.Tensor | None = None, *, deterministic: bool = False) -> torch.Tensor:
     """out[t] += sum_k w[t,k] * MoE expert ids[t,k] (x_t), one kernel on torch's current stream
@@ -235,7 +253,7 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 # ------------------------------------------------------------------------------ the arm
 
 
-FUSED_KERNELS = (KernelDecl("fused", r"moebench_fused_moe", 1),)
+FUSED_KERNELS = (KernelDecl("zero", ZERO_NAME, 1), KernelDecl("fused", r"moebench_fused_moe", 1))
 FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
                      KernelDecl("combine", r"moebench_fused_moe_combine", 1))
 
@@ -351,7 +369,7 @@ class CudaFusedArm(Arm):
             "items": items, "build": module.build.to_dict(), "deterministic": self.deterministic,
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
             "output": ("written: the combine stores its sums" if self.deterministic else
-                       "written: the kernel zeroes it, then adds into it"),
+                       f"written: {ZERO_NAME} zeroes it, the fused kernel adds into it"),
         }
         kernels = FUSED_DET_KERNELS if self.deterministic else FUSED_KERNELS
         return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels,

@@ -62,12 +62,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // global[dst, dst + bytes) = shared[src, src + bytes) by the bulk-copy engine, one group (bytes a
 // multiple of 16, both ends 16-byte aligned); bulk_wait_all waits for this thread's groups to end.
 __device__ __forceinline__ void bulk_store(void* dst, const void* src, int bytes) {

@@ -106,10 +106,6 @@
 #define CHUNK_TILES (CHUNK_BYTES / 2048)            // 16x128 m-tiles in a chunk: 8 or 16
 #define AQ_ROW 144             // shared row of requantized intermediate: 128 bytes + 16
 #define STG_ROW 20             // epilogue staging row (floats): 16 + 4, conflict-free
-#define ZERO_CLAIM 258         // work[]: the output's zeroing (after tickets, clusters out, 256 SM counts)
-#define ZERO_DONE 259
-#define ZERO_EXIT 260
-#define ZERO_STRIPE16 1024     // a zeroing stripe: 16 KB of the output
 #define NT (BLOCK_M / 8)       // mma n-tiles per block
 #define COLS (GROUP / CLUSTER) // intermediate columns per CTA: 16, 32 or 128
 #define MT1 (2 * COLS / 16)    // GEMM1 m-tiles per CTA (gate tiles, then up tiles): 2, 4 or 16
@@ -288,12 +284,6 @@ __device__ __forceinline__ void st_async_v4(u32 raddr, float4 v, u32 rbar) {
 // release would wait for this thread's BF16 reductions in flight: MEMBAR.GPU per item).
 __device__ __forceinline__ void mbar_arrive_remote(u32 rbar) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(rbar) : "memory");
-}
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
 }
 
 __device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
@@ -479,7 +469,6 @@ struct Args {
     unsigned short* out;
     int* work;
     int num_slots, top_k, K, E, max_blocks, G;
-    long long zero_n16;
 };
 
 // Where this CTA is: its rank in the cluster, its cluster and the clusters of the grid.
@@ -1191,44 +1180,10 @@ __device__ __forceinline__ void gemm2(Consumer& c, const Meta& m) {
     }
 }
 
-// ---- the output's zeroing, when the launch writes the output (zero_n16 > 0) rather than adding
-// into it. Before their first item the consumers of every CTA claim stripes of ZERO_STRIPE16 x 16
-// bytes from a counter (work[ZERO_CLAIM]) and zero them, until none is left; work[ZERO_DONE]
-// counts the stripes zeroed, and each consumer warp waits for all of them before its first
-// reduction. Claimed, not assigned: no CTA waits on one that has not started, so the grid need
-// not be resident at once. The last CTA out resets the three counters (work[ZERO_EXIT]).
-// Returns the number of stripes (0: nothing to zero).
-__device__ __forceinline__ int zero_stripes(const Consumer& c) {
-    const long long n16 = c.a.zero_n16;
-    if (n16 <= 0) return 0;
-    const int stripes = static_cast<int>((n16 + ZERO_STRIPE16 - 1) / ZERO_STRIPE16);
-    int* claim = reinterpret_cast<int*>(c.sm.stg);  // (the epilogue's staging: unused before an item)
-    uint4* out = reinterpret_cast<uint4*>(c.a.out);
-    int done = 0;
-    for (;;) {
-        if (c.tid == 0) *claim = atomicAdd(c.a.work + ZERO_CLAIM, 1);
-        named_sync_consumers();
-        const int st = *claim;
-        named_sync_consumers();  // every thread has read the claim (and stored its stripe before)
-        if (st >= stripes) break;
-        const long long end = min(n16, static_cast<long long>(st + 1) * ZERO_STRIPE16);
-        #pragma unroll 1
-        for (long long i = static_cast<long long>(st) * ZERO_STRIPE16 + c.tid; i < end; i += CONSUMERS)
-            out[i] = make_uint4(0u, 0u, 0u, 0u);
-        ++done;
-    }
-    if (c.tid == 0 && done > 0) {  // the CTA's zeros (ordered by the barriers above), then the count
-        __threadfence();
-        atomicAdd(c.a.work + ZERO_DONE, done);
-    }
-    return stripes;
-}
-
 // Item by item until the producer's end marker: GEMM1, SwiGLU (with the exchange in a
 // cluster), requant, GEMM2 and its epilogue.
 __device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, const Place& p) {
     Consumer c(a, smem_base, p);
-    const int stripes = DETERMINISTIC ? 0 : zero_stripes(c);
     int n = 0;  // items done; the first one joined the start's cluster barrier
     for (;; ++n) {
         const int slot = n & 1;
@@ -1245,12 +1200,10 @@ __device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, cons
             swiglu_exchange(c, n, acc);
         }
         requant(c, m);
+        // The output's zeroing kernel, launched ahead of this one (moebench_zero_out), has ended
+        // before this thread's first reduction into the output (no-op when there is none)
         if constexpr (!DETERMINISTIC) {
-            if (n == 0 && stripes > 0) {  // every stripe of the output zeroed before the first reduction
-                if (c.lane == 0)
-                    while (load_acquire(c.a.work + ZERO_DONE) < stripes) __nanosleep(32);
-                __syncwarp();
-            }
+            if (n == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
         }
         gemm2(c, m);
         // afull may be refilled. After GEMM2, not before: a remote arrival waits in the SM's
@@ -1280,18 +1233,15 @@ moebench_fused_moe(
     // every row of a routed slot written once)
     unsigned short* __restrict__ out,
     // work counters: [0] tickets taken, [1] clusters out of work, [2 + smid] busy CTAs on SM smid
-    // (one-round launches, CROWD_LAG), [ZERO_CLAIM, ZERO_DONE, ZERO_EXIT] the output's zeroing;
-    // zero at launch, zero after
+    // (one-round launches, CROWD_LAG); zero at launch, zero after
     int* __restrict__ work,
     // max_blocks: plan blocks any routing can fill (the host's bound on expert_ids reads);
     // G: requant groups of the intermediate (I / 128)
-    int num_slots, int top_k, int K, int E, int max_blocks, int G,
-    // 16-byte units of `out` this launch zeroes before adding into it (0: it adds into `out` as it is)
-    long long zero_n16)
+    int num_slots, int top_k, int K, int E, int max_blocks, int G)
 {
     extern __shared__ __align__(128) u8 smem_base[];
     const Args a{x, x_scale, w1f, w1_scale, w2f, w2_scale, sorted_token_ids, expert_ids, num_tokens_post_padded,
-                 topk_weights, out, work, num_slots, top_k, K, E, max_blocks, G, DETERMINISTIC ? 0 : zero_n16};
+                 topk_weights, out, work, num_slots, top_k, K, E, max_blocks, G};
     const int tid = threadIdx.x;
     const Place p{tid, tid >> 5, tid & 31, cluster_ctarank(), static_cast<int>(blockIdx.x / CLUSTER),
                   static_cast<int>(gridDim.x / CLUSTER)};
@@ -1304,12 +1254,19 @@ moebench_fused_moe(
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
     cluster_wait_acquire();
-    // every consumer of this CTA is past its claims and its wait: the last CTA out resets them
-    if (a.zero_n16 > 0 && tid == 0 && atom_add_acq_rel(work + ZERO_EXIT, 1) == static_cast<int>(gridDim.x) - 1) {
-        work[ZERO_CLAIM] = 0;
-        work[ZERO_DONE] = 0;
-        work[ZERO_EXIT] = 0;
-    }
+}
+
+// ------------------------------------------------------------------------------ the output's zeroing
+
+// out[0, n16) = 0 in 16-byte stores, for a launch that writes its output rather than adding into
+// it: launched just ahead of the fused kernel, which it lets start at once (a programmatic
+// dependent: the fused kernel's consumers wait for this grid's end before they first reduce).
+extern "C" __global__ void __launch_bounds__(256) moebench_zero_out(uint4* __restrict__ out, long long n16) {
+    asm volatile("griddepcontrol.launch_dependents;");
+    const long long stride = 256ll * gridDim.x;
+    #pragma unroll 1  // (unrolled, the trip count is a 64-bit division: a subroutine)
+    for (long long i = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x; i < n16; i += stride)
+        out[i] = make_uint4(0u, 0u, 0u, 0u);
 }
 
 #if DETERMINISTIC
