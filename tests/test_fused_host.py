@@ -488,3 +488,12 @@ def test_occupancy_beyond_what_compiles_clean_is_refused():
     assert fused_arm.occupancies(32) == (1,) and fused_arm.occupancies(48) == (1,)
     with pytest.raises(UserError, match="per_sm=2 at block_m=32: at most 1 CTA an SM"):
         fused_arm.launch_options(32, 7168, 0, 4, per_sm=2)
+
+
+def test_a_build_without_the_zeroing_kernel_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from moebench.kernels.fused_arm import ZERO_NAME, bind_zero
+    old = SimpleNamespace(build=SimpleNamespace(name="old_fused.cu", resources={fused_arm.KERNEL_NAME: None}))
+    with pytest.raises(UserError, match=f"old_fused.cu: no {ZERO_NAME} kernel"):
+        bind_zero(old, 0, torch.empty(4, 128, dtype=torch.bfloat16))

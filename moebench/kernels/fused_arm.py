@@ -234,6 +234,9 @@ def bind_zero(module, device_index: int, out: torch.Tensor):
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch
+    if ZERO_NAME not in module.build.resources:  # e.g. a --build of an older copy of the source
+        raise UserError(f"{module.build.name}: no {ZERO_NAME} kernel, which zeroes the output this "
+                        f"tree's cuda-fused writes; build a copy of {SOURCE} that has it")
     n16 = out.numel() * out.element_size() // 16
     grid = (max(1, min(ZERO_CTAS, -(-n16 // 256))), 1, 1)
     return bind_launch(module.kernel(ZERO_NAME, device_index), grid, (256, 1, 1), 0,
