@@ -38,8 +38,8 @@ def needs_hopper():
         pytest.skip(reason)
 
 
-def _check(arm_name, fx, label):
-    call = make_arm(arm_name).prepare(fx)
+def _check(arm_name, fx, label, arm=None):
+    call = (arm or make_arm(arm_name)).prepare(fx)
     parity = check_parity(call, References(fx), label)
     assert parity.passed, f"{arm_name} {label}: {parity.reason()} (max abs {parity.max_abs:.3g})"
     return call
@@ -89,10 +89,8 @@ def test_swapab_parity_at_every_block_size(fixtures, block_t):
     def check(fx, label):
         arm = make_arm("cuda-swapab")
         arm.config = dataclasses.replace(arm.config, block_t=block_t)
-        call = arm.prepare(fx)
+        call = _check(f"cuda-swapab block_t={block_t}", fx, label, arm)
         assert call.identity["route_blocks"] == route_plan(fx.topk_ids.cpu(), fx.spec.E, block_t).num_blocks
-        parity = check_parity(call, References(fx), label)
-        assert parity.passed, f"block_t={block_t} {label}: {parity.reason()} (max abs {parity.max_abs:.3g})"
     fx = fixtures("A8")
     for case in edge_cases(fx, fx.spec.seed + 2):
         check(case.fixture, f"A8 {case.label}")

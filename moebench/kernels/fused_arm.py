@@ -12,7 +12,7 @@ many clusters as the GPU holds at once). The weight layout is fused_layout's, th
 arithmetic (shared memory, occupancy, ring depth, cluster placement) fused_policy's, the input
 checks fused_checks'; this module builds, launches and registers the arm. Calls whose experts
 average many tokens take fused_prefill's two FP8 wgmma kernels instead, and a band between the
-two (wide K, 8 to 24 slots an expert) the Swap-AB grouped GEMMs of cuda-swapab (`choose_path`;
+two (wide K, 14 to 20 slots an expert) the Swap-AB grouped GEMMs of cuda-swapab (`choose_path`;
 the call's identity says which path ran and why). The arm's call writes its whole output: the
 kernels add into it, so on the decode path a zeroing kernel runs ahead of the fused one (its
 programmatic dependent), and on the prefill path gate_up zeroes it.

@@ -262,14 +262,15 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     flags = torch.zeros(max_blocks * (N // 256) if splits > 1 else 1, dtype=torch.int32, device=dev)
     grid1, grid2 = (max(1, min(ctas, items1)), 1, 1), (max(1, min(ctas, items2)), 1, 1)
     p = np.uint64
+    # gate_up's zeroing of the output: its pointer and bytes, or none
+    zeroing = (p(out.data_ptr()), np.int64(out.numel() * out.element_size())) if zero_out else (p(0), np.int64(0))
     plan_ptrs = [p(plan.sorted_token_ids.data_ptr()), p(plan.expert_ids.data_ptr()),
                  p(plan.num_tokens_post_padded.data_ptr())]
     i32 = np.int32
     run1 = bind_launch(k1, grid1, (THREADS, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
                        p(x.data_ptr()), p(x_scale.data_ptr()), *plan_ptrs, p(a.data_ptr()), p(a_scale.data_ptr()),
                        i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks), i32(splits),
-                       p(part.data_ptr()), p(flags.data_ptr()),
-                       p(out.data_ptr() if zero_out else 0), np.int64(out.numel() * out.element_size() if zero_out else 0))
+                       p(part.data_ptr()), p(flags.data_ptr()), *zeroing)
     run2 = bind_launch(k2, grid2, (THREADS, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
                        p(a.data_ptr()), p(a_scale.data_ptr()), *plan_ptrs, p(route_w.data_ptr()), p(out.data_ptr()),
                        i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks), i32(chunk))
