@@ -40,18 +40,23 @@ def at(family: str, M: int, seed: int):
 
 
 def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False, splits=None, chunk=None,
-                times=1, zero_out=False):
+                times=1, zero_out=False, overlap=None, dims_out=None):
     w = w if w is not None else prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, BLOCK_M).to(fx.device)
     launch, out, _, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out,
-                                               max_ctas=max_ctas, splits=splits, chunk=chunk, zero_out=zero_out)
+                                               max_ctas=max_ctas, splits=splits, chunk=chunk, zero_out=zero_out,
+                                               overlap=overlap)
     if splits is not None:
         assert dims["splits"] == splits
+    if overlap is not None:
+        assert dims["overlap"] == overlap
+    if dims_out is not None:
+        dims_out.update(dims)
     start = out.clone()
-    for _ in range(times - 1):  # earlier launches of the same call: each leaves the flags at 0
+    for _ in range(times - 1):  # earlier launches of the same call: each leaves its flags and counters at 0
         launch()
         torch.cuda.synchronize()
-        assert int(dims["flags"].abs().sum()) == 0
+        assert int(dims["flags"].abs().sum()) == 0 and int(dims["sync"].abs().sum()) == 0
         out.copy_(start)
     if poison:  # e4m3 0xFF is NaN: a code or scale the kernels read without writing shows
         a, a_scale = dims["intermediate"]
@@ -59,6 +64,7 @@ def run_prefill(fx, *, w=None, plan=None, out=None, max_ctas=None, poison=False,
         a_scale.fill_(float("nan"))
     launch()
     torch.cuda.synchronize()
+    assert int(dims["sync"].abs().sum()) == 0, "the overlap's counters or flags were left raised"
     return out
 
 
@@ -191,6 +197,10 @@ def test_small_prefill_for_the_sanitizers():
     out = torch.full((fx.M, fx.spec.K), float("nan"), dtype=torch.bfloat16, device="cuda")
     assert_parity(fx, run_prefill(fx, out=out, poison=True, max_ctas=3, splits=2, chunk=1, times=2, zero_out=True),
                   "U200-sanitizers")
+    # and down beside gate_up's last round: its counters, late flags and the zeroing's count
+    out.fill_(float("nan"))
+    assert_parity(fx, run_prefill(fx, out=out, poison=True, max_ctas=3, chunk=1, times=2, zero_out=True,
+                                  overlap=True), "U200-sanitizers-overlap")
 
 
 @pytest.mark.parametrize("arm, shape, path", [(CudaFusedArm, "Q8", "decode"), (CudaFusedArm, "A128", "decode"),
@@ -272,3 +282,52 @@ def test_e512_top10_poisoned_with_k_ranges():
     out = run_prefill(fx, w=weights("Q"), out=before.clone(), poison=True, splits=4, chunk=2)
     assert torch.isfinite(out.float()).all()
     assert_parity(fx, out.float() - before.float(), "Q512-poisoned-s4", ref=ref)
+
+
+# ------------------------------------------------------------------------------ down beside gate_up
+
+
+@pytest.mark.parametrize("family, M, max_ctas, splits, chunk", [
+    ("A", 512, None, None, None), ("A", 1024, None, None, None), ("Q", 2048, None, None, None),
+    ("A", 4096, None, None, None), ("Q", 512, 8, None, None), ("A", 777, 20, 2, 5), ("Q", 1000, 5, 3, 8),
+    ("A", 256, None, None, None),
+])
+@pytest.mark.parametrize("zero_out", [True, False])
+def test_parity_with_down_beside_gate_up(family, M, max_ctas, splits, chunk, zero_out):
+    # down launched as gate_up's dependent and run beside its last round (forced), on fresh inputs,
+    # a poisoned intermediate, an output that is NaN (zeroed by gate_up) or not zero (added into),
+    # three launches in a row (each leaves every counter and flag at 0); A256 has one gate_up round
+    # (no late blocks: down waits on the counter alone)
+    fx = at(family, M, seed=60 + M % 97)
+    ref = fixture_reference(fx).float()
+    if zero_out:
+        before = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    else:
+        g = torch.Generator(device="cuda").manual_seed(61)
+        before = (torch.randn(ref.shape, generator=g, device="cuda") * ref.std()).to(torch.bfloat16)
+    out = run_prefill(fx, w=weights(family), out=before.clone(), poison=True, max_ctas=max_ctas, splits=splits,
+                      chunk=chunk, times=3, zero_out=zero_out, overlap=True)
+    assert torch.isfinite(out.float()).all()
+    got = out.float() if zero_out else out.float() - before.float()
+    assert_parity(fx, got, f"{family}{M}-overlap-{'written' if zero_out else 'added'}", ref=ref)
+
+
+def test_one_hot_expert_beside_gate_up():
+    b = base("A")
+    M, E, top_k = 1024, b.spec.E, b.spec.top_k
+    g = torch.Generator().manual_seed(62)
+    others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
+    ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 16 full blocks
+    fx = derive(b, seed=62, topk_ids=ids)
+    assert_parity(fx, run_prefill(fx, w=weights("A"), overlap=True, zero_out=True, times=2), "A1024-hot-overlap")
+
+
+@pytest.mark.parametrize("shape, overlap", [("A512", True), ("A1024", True), ("A2048", False), ("Q4096", False)])
+def test_the_arm_overlaps_where_the_model_says(shape, overlap):
+    fx = build_fixture(ShapeRegistry().resolve(shape)).to("cuda")
+    call = CudaFusedArm(path="prefill").prepare(fx)
+    assert call.identity["overlap"] is overlap
+    grids = call.identity["grids"]
+    assert (grids[1][0] < grids[0][0]) is overlap  # beside: down leaves the last round's SMs to gate_up
+    p = check_parity(call, References(fx), f"{shape}-auto-overlap")
+    assert p.passed, f"{shape}: {p.reason()} (rel_l2={p.rel_l2:.3g})"

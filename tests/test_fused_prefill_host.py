@@ -16,7 +16,7 @@ from moebench.fixtures.builder import fixture_routes
 from moebench.kernels import fused_prefill
 from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, make_prefill_launch, prefill_weights,
-                                            down_chunk, shared_bytes, split_work, validate_prefill,
+                                            down_chunk, overlap_down, shared_bytes, split_work, validate_prefill,
                                             work_items)
 
 from test_fused_host import _cuobjdump
@@ -219,6 +219,33 @@ def test_the_prefill_cut_is_an_arm_option_that_picks_the_prefill_kernels():
         CudaFusedArm(block_m=8, splits=2)
     with pytest.raises(UserError, match="chunk set the prefill kernels, but the deterministic build is the decode kernel"):
         CudaFusedDetArm(chunk=1)
+
+
+def test_overlap_is_an_arm_option_of_0_or_1():
+    from moebench.variants import parse_variant
+    assert CudaFusedArm(overlap=0).path == "prefill" and CudaFusedArm(overlap=1).overlap == 1
+    assert parse_variant("o0=cuda-fused:overlap=0").settings == (("overlap", 0),)
+    for bad in (2, -1, True, "1", 0.5):
+        with pytest.raises(UserError, match=r"overlap=.* must be 0 or 1"):
+            CudaFusedArm(overlap=bad)
+    with pytest.raises(UserError, match="overlap set the prefill kernels, but path=decode does not launch them"):
+        CudaFusedArm(path="decode", overlap=1)
+
+
+def test_down_runs_beside_gate_ups_last_round_where_the_model_gains():
+    # the sweeps' plans (blocks from the fixtures' routes): A512's third round of 3 items leaves
+    # 129 SMs to down; A2048's of 101 leaves 31, too few for down's 2,555 items; one round or a
+    # full last round leaves nothing to overlap
+    assert overlap_down(267, 1869, 132, 132, 56, 4) == (True, 129)
+    assert overlap_down(282, 1974, 132, 132, 56, 4) == (True, 114)
+    assert overlap_down(365, 2555, 132, 132, 56, 4) == (False, 132)
+    assert overlap_down(2423, 33922, 132, 132, 56, 2) == (False, 132)
+    assert overlap_down(261, 1827, 132, 132, 56, 4) == (False, 132)  # a second round of 129 of 132
+    assert overlap_down(100, 700, 132, 132, 56, 4) == (False, 132)  # one round
+    assert overlap_down(264, 1848, 132, 132, 56, 4) == (False, 132)  # two full rounds
+    # the model: beside wins by the last round's length less down's longer rounds on fewer SMs
+    go, ctas = overlap_down(673, 4711, 132, 132, 56, 4)
+    assert go and ctas == 132 - 673 % 132
 
 
 def test_a_chunk_past_the_tiles_is_refused():

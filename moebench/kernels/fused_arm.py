@@ -277,7 +277,7 @@ class CudaFusedArm(Arm):
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
                  source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None,
-                 prefill_source: KernelSource | None = None):
+                 overlap: int | None = None, prefill_source: KernelSource | None = None):
         if path is not None and path not in PATHS:
             raise UserError(f"cuda-fused: path={path!r} must be one of {', '.join(PATHS)}")
         if cluster is not None and cluster not in CLUSTERS:
@@ -287,10 +287,12 @@ class CudaFusedArm(Arm):
         for key, value in (("chunk", chunk), ("splits", splits)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise UserError(f"cuda-fused: {key}={value!r} must be a whole number of at least 1")
-        # the prefill kernels' work cut (fused_prefill.split_work when None): down's w2 tiles an
-        # item, gate_up's K ranges a (block, group)
-        self.chunk, self.splits = chunk, splits
-        cut = [k for k in ("chunk", "splits") if getattr(self, k) is not None]
+        if overlap is not None and (isinstance(overlap, bool) or overlap not in (0, 1)):
+            raise UserError(f"cuda-fused: overlap={overlap!r} must be 0 or 1")
+        # the prefill kernels' work cut (fused_prefill.split_work and overlap_down when None):
+        # down's w2 tiles an item, gate_up's K ranges a (block, group), down beside gate_up's last round
+        self.chunk, self.splits, self.overlap = chunk, splits, overlap
+        cut = [k for k in ("chunk", "splits", "overlap") if getattr(self, k) is not None]
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
         self.max_clusters = max_clusters
         self.source = source or shipped_source()
@@ -345,6 +347,7 @@ class CudaFusedArm(Arm):
                             f"the build of {PREFILL_SOURCE}; time it at prefill shapes, or with path=prefill")
         if path == "prefill":
             call = prepare_prefill_call(self.name, fx, chunk=self.chunk, splits=self.splits,
+                                        overlap=None if self.overlap is None else bool(self.overlap),
                                         source=self.prefill_source)
             call.identity["path_rule"] = rule
             return call

@@ -127,6 +127,31 @@ def split_work(blocks: int, tokens: int, N: int, K: int, ctas: int,
     return splits, down_chunk(blocks, tokens, K, ctas)
 
 
+# down beside gate_up's last round (overlap_down). The model counts gate_up K steps: a down step
+# (a 256-row w2 tile over 128 of I, and its reductions) costs DOWN_STEP_COST of them, the median
+# of the two kernels' times per step in the sweeps at 577609c (sweep-fused-{A,Q}.json.gz: 1.22 at
+# A256 to 2.02 at A4096, 1.75 at A1024, 1.69 at Q4096). The overlap is taken where the model's call
+# is at least OVERLAP_GAIN shorter.
+DOWN_STEP_COST = 1.7
+OVERLAP_GAIN = 0.02
+
+
+def overlap_down(items1: int, items2: int, grid1: int, ctas: int, gate_steps: int, down_steps: int) -> tuple[bool, int]:
+    """(overlap, down's CTAs): whether down runs beside gate_up's last round, on the SMs that round
+    leaves idle, rather than after it on all `ctas`. `items1` gate_up items of `gate_steps` K steps
+    on `grid1` CTAs; `items2` down items of `down_steps`. Modelled call: gate_up's rounds, then
+    down's rounds of its grid; beside, down starts with gate_up's last round and its late blocks'
+    items (last in its order) wait for that round's end."""
+    rounds1, last = -(-items1 // max(grid1, 1)), items1 % max(grid1, 1)
+    if rounds1 < 2 or last == 0 or ctas - last < 1:
+        return False, ctas
+    def down(grid):
+        return -(-items2 // grid) * down_steps * DOWN_STEP_COST
+    apart = rounds1 * gate_steps + down(ctas)
+    beside = (rounds1 - 1) * gate_steps + max(gate_steps, down(ctas - last))
+    return (True, ctas - last) if beside < apart * (1 - OVERLAP_GAIN) else (False, ctas)
+
+
 def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None = None) -> tuple[int, int]:
     """(gate_up, down) work items for `blocks` plan blocks: gate_up one a block, requant group and
     K range; down one a block and chunk of `chunk` tiles of its expert's w2 (all
@@ -224,13 +249,14 @@ def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
 def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
                         max_ctas: int | None = None, blocks: int | None = None,
                         splits: int | None = None, chunk: int | None = None, source=None,
-                        zero_out: bool = False):
+                        zero_out: bool = False, overlap: bool | None = None):
     """Validate, allocate the intermediate (and a zeroed output when None), build the TMA maps
     and both launches; `launch()` runs the two kernels on torch's current stream: down adds into
     `out`, which gate_up zeroes first when `zero_out` (the launch then writes it). Persistent
     grids of one CTA an SM (or `max_ctas`); the work cut (`split_work`) is picked for `blocks`
-    real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given. The
-    kernels are compiled from `source` (a KernelSource) when given, else the shipped file."""
+    real plan blocks (the plan's worst case when None) unless `splits`/`chunk` are given; down runs
+    beside gate_up's last round where `overlap_down` says so for those blocks (or as `overlap`
+    says). The kernels are compiled from `source` (a KernelSource) when given, else the shipped file."""
     import numpy as np
 
     from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit, tensor_map
@@ -260,7 +286,18 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     part = torch.empty((max_blocks * (N // 256) * THREADS_CONSUMING * 64) if splits > 1 else 1,
                        dtype=torch.float32, device=dev)
     flags = torch.zeros(max_blocks * (N // 256) if splits > 1 else 1, dtype=torch.int32, device=dev)
-    grid1, grid2 = (max(1, min(ctas, items1)), 1, 1), (max(1, min(ctas, items2)), 1, 1)
+    grid1 = (max(1, min(ctas, items1)), 1, 1)
+    # down beside gate_up's last round: on the SMs that round leaves, its launch a programmatic
+    # dependent of gate_up's; counters and flags (0 between launches) order the two
+    real1, real2 = work_items(max_blocks if blocks is None else blocks, N, K, splits, chunk)
+    chosen, down_ctas = overlap_down(real1, real2, grid1[0], ctas, K // GROUP // splits, chunk * (I // GROUP))
+    overlap = chosen if overlap is None else bool(overlap)
+    if overlap and down_ctas == ctas:  # (asked for where the model would not: the last round's SMs, if any)
+        down_ctas = max(1, ctas - real1 % grid1[0])
+    grid2 = (max(1, min(down_ctas if overlap else ctas, items2)), 1, 1)
+    tiles2 = -(-K // BLOCK_N)
+    down_chunks = -(-tiles2 // chunk)
+    sync = torch.zeros(2 + grid1[0] * down_chunks if overlap else 1, dtype=torch.int32, device=dev)
     p = np.uint64
     # gate_up's zeroing of the output: its pointer and bytes, or none
     zeroing = (p(out.data_ptr()), np.int64(out.numel() * out.element_size())) if zero_out else (p(0), np.int64(0))
@@ -270,11 +307,14 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     run1 = bind_launch(k1, grid1, (THREADS, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
                        p(x.data_ptr()), p(x_scale.data_ptr()), *plan_ptrs, p(a.data_ptr()), p(a_scale.data_ptr()),
                        i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks), i32(splits),
-                       p(part.data_ptr()), p(flags.data_ptr()), *zeroing)
+                       p(part.data_ptr()), p(flags.data_ptr()), *zeroing,
+                       p(sync.data_ptr() if overlap else 0), i32(down_chunks))
     run2 = bind_launch(k2, grid2, (THREADS, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
                        p(a.data_ptr()), p(a_scale.data_ptr()), *plan_ptrs, p(route_w.data_ptr()), p(out.data_ptr()),
-                       i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks), i32(chunk))
-    keep = (x, x_scale, w, plan, topk_weights, route_w, out, a, a_scale, w1_map, w2_map, part, flags)
+                       i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks), i32(chunk),
+                       p(sync.data_ptr() if overlap else 0), i32(grid1[0]), i32((N // 256) * splits), i32(N // 256),
+                       i32(grid1[0] if zero_out else 0), pdl=overlap)
+    keep = (x, x_scale, w, plan, topk_weights, route_w, out, a, a_scale, w1_map, w2_map, part, flags, sync)
 
     def launch() -> None:
         _ = keep  # the pointers and descriptors stay valid while the launch lives
@@ -283,13 +323,14 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
 
     return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES,
                                       max_blocks=max_blocks, intermediate=(a, a_scale), splits=splits,
-                                      chunk=chunk, flags=flags)
+                                      chunk=chunk, flags=flags, overlap=overlap, sync=sync)
 
 
 def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None,
-                         splits: int | None = None, source=None):
-    """The arm's prepared call on this path (untimed: plan, views, buffers, build); `chunk` and
-    `splits` override the work cut (split_work's, for the plan's real blocks, when None)."""
+                         splits: int | None = None, overlap: bool | None = None, source=None):
+    """The arm's prepared call on this path (untimed: plan, views, buffers, build); `chunk`,
+    `splits` and `overlap` override the work cut (split_work's and overlap_down's, for the plan's
+    real blocks, when None)."""
     from moebench.fixtures import route_plan
     from moebench.kernels.arm import KernelDecl, PreparedCall
     s = fx.spec
@@ -299,13 +340,14 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     w = prefill_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
                                                     max_ctas=max_ctas, blocks=blocks, chunk=chunk, splits=splits,
-                                                    source=source, zero_out=True)
+                                                    overlap=overlap, source=source, zero_out=True)
     res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
     identity = {
         "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
         "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
         "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
-        "splits": dims["splits"], "chunk": dims["chunk"], "cut_by": "arm options" if chunk or splits else "split_work",
+        "splits": dims["splits"], "chunk": dims["chunk"], "overlap": dims["overlap"],
+        "cut_by": "arm options" if chunk or splits or overlap is not None else "split_work",
         "build": module.build.to_dict(),
         "registers": {k: r.registers for k, r in res.items()},
         "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),

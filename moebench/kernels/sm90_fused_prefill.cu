@@ -19,6 +19,14 @@
 //            (output columns), I/128 steps each, so an item's plan reads are paid once a chunk
 // The host cuts the work (splits, chunk) so that the items fill the persistent grid's last round:
 // with one item a block, 267 blocks on 132 SMs (A512) leave three CTAs streaming a third round.
+// The overlap (the host's choice, fused_prefill.overlap_down): down is launched as gate_up's
+// programmatic dependent on a grid of the SMs that gate_up's last round leaves idle, and runs
+// beside that round. Nothing orders the two kernels' memory but flags: gate_up counts each done
+// (block, group) of the blocks before that round and each CTA's zeroed stripe of the output in one
+// counter, which down's CTAs wait for before their first item, and raises a flag a (late block,
+// down chunk), which down's item waits for; down takes the late blocks' items last. Every counter
+// and flag is 0 between launches (each flag has one reader, which lowers it; the last of down's
+// CTAs lowers the counters).
 // Plan entries are read one item ahead by every role. 288 threads: two consumer warpgroups
 // (warps 0-7) and a producer warp (warp 8). Per 128-wide K step the producer fills one of STAGES ring stages:
 //   - weights, 256 rows x 128 B by four TMA boxes of 64 rows (128-byte swizzle), completing on
@@ -134,6 +142,15 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ void red_release_add_gpu(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
+// Spins until *p >= target; every lane that calls it reads the value with acquire semantics.
+__device__ __forceinline__ void wait_at_least(const int* p, int target) {
+  while (ld_acquire_gpu(p) < target) __nanosleep(128);
+}
+
 __device__ __forceinline__ bool real_slot(int slot, int num_slots) { return slot >= 0 && slot < num_slots; }
 
 // What one kernel's items are: the plan's blocks times `tiles` weight tiles, K steps each.
@@ -162,7 +179,26 @@ struct Problem {
   // from `zero_out`, a stripe a CTA
   uint8_t* zero_out;
   long long zero_bytes;
+  // The overlap (`sync` not null): down is launched as gate_up's programmatic dependent and runs
+  // while gate_up's last round does (its grid leaves those CTAs' SMs to them). Plan blocks whose
+  // gate_up items all lie before that round are "early", the last `late_blocks` "late". sync[0]
+  // counts what down waits for at its start: each early (block, group) done, and (with the
+  // zeroing) each gate_up CTA's stripe zeroed; sync[1] counts down's CTAs past that wait, the last
+  // of which lowers both to 0; sync[2 + l * down_chunks + c] counts the groups done of late block
+  // l, read and lowered to 0 by down's one item (late block l, chunk c).
+  int* sync;
+  int gu_grid, gu_per_block, groups, down_chunks, zero_ctas;
+  int late;  // late_blocks(), 0 without the overlap (set at the kernel's entry)
 };
+
+// How many of the plan's last blocks have a gate_up item in the grid's last round (the late
+// blocks): items run block fastest, so the last round's L = items % grid items are those of the
+// last min(L, blocks) blocks. None when that round is full or the only one.
+__device__ __forceinline__ int late_blocks(const Problem& p) {
+  const int items = p.blocks * p.gu_per_block;
+  const int last = items % p.gu_grid;
+  return items <= p.gu_grid || last == 0 ? 0 : min(last, p.blocks);
+}
 
 // What one item covers: its plan block, tiles [tile0, tile1), K steps [kb0, kb1), and (gate_up)
 // its K range's place in the chain. Items run block fastest, then tile (or chunk), then split, so
@@ -180,10 +216,22 @@ __device__ __forceinline__ int num_items(const Problem& p) {
   return GATE_UP ? p.blocks * p.tiles * p.splits : p.blocks * ((p.tiles + p.chunk - 1) / p.chunk);
 }
 
+// An item's plan block and its r (gate_up: group + tiles x split; down: chunk). down's order under
+// the overlap: every chunk of the early blocks (block fastest), then the late blocks' (block
+// fastest), so the items that wait for gate_up's last round come last; without it, late = 0.
+template <bool GATE_UP>
+__device__ __forceinline__ int2 item_place(const Problem& p, int item) {
+  if (GATE_UP || p.late == 0) return make_int2(item % p.blocks, item / p.blocks);
+  const int early = p.blocks - p.late, n_early = early * ((p.tiles + p.chunk - 1) / p.chunk);
+  if (item < n_early) return make_int2(item % early, item / early);
+  return make_int2(early + (item - n_early) % p.late, (item - n_early) / p.late);
+}
+
 template <bool GATE_UP>
 __device__ __forceinline__ Span item_span(const Problem& p, int item) {
   const int k_steps = p.k_dim / BLOCK_K;
-  const int block = item % p.blocks, r = item / p.blocks;
+  const int2 br = item_place<GATE_UP>(p, item);
+  const int block = br.x, r = br.y;
   if (GATE_UP) {
     const int tile = r % p.tiles, split = r / p.tiles;
     return Span{block, tile, tile + 1, split * k_steps / p.splits, (split + 1) * k_steps / p.splits, split};
@@ -210,14 +258,19 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   // item ahead, so their latency hides behind the current item's stream.
   int item = blockIdx.x, expert = -1, slot_lo = -1, slot_hi = -1;
   if (item < items) {
-    expert = p.expert_ids[item % p.blocks];
-    slot_lo = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane];
-    slot_hi = p.sorted_ids[(item % p.blocks) * BLOCK_M + lane + 32];
+    const int b = item_place<GATE_UP>(p, item).x;
+    expert = p.expert_ids[b];
+    slot_lo = p.sorted_ids[b * BLOCK_M + lane];
+    slot_hi = p.sorted_ids[b * BLOCK_M + lane + 32];
   }
   // gate_up zeroes the output for down: this CTA's stripe [zero, zero_end), 16-byte aligned, by
   // bulk copies of ZERO_COPY zeroed bytes of down's staging space (unused here), one a K step
   // after the step's loads, the rest after the last item; lane 0 issues them
+  // Under the overlap the stripe is done before the CTA's last item (copies enough a step) and
+  // counted in sync[0] at that item's first step: down, beside that item, waits for every stripe.
   long long zero = 0, zero_end = 0;
+  int zero_per_step = 1;
+  bool zero_count = false;  // the stripe is yet to be counted
   if (GATE_UP && p.zero_out != nullptr) {
     const long long per = (p.zero_bytes / 16 + gridDim.x - 1) / gridDim.x * 16;
     zero = min(p.zero_bytes, blockIdx.x * per);
@@ -226,23 +279,55 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
     for (int i = lane; i < ZERO_COPY / 16; i += 32) src[i] = make_uint4(0u, 0u, 0u, 0u);
     fence_proxy_async_smem();  // this lane's zeros -> the bulk copies (async proxy)
     __syncwarp();
+    if (p.sync != nullptr) {
+      const int mine = items > int(blockIdx.x) ? (items - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+      const long long before_last = static_cast<long long>(max(mine - 1, 0)) * (k_steps / p.splits);
+      const long long copies = (zero_end - zero + ZERO_COPY - 1) / ZERO_COPY;
+      if (before_last > 0) zero_per_step = int(max(1ll, (copies + before_last - 1) / before_last));
+      zero_count = true;
+    }
   }
   auto zero_some = [&]() {
     const int bytes = int(min(static_cast<long long>(ZERO_COPY), zero_end - zero));
     bulk_store(p.zero_out + zero, smem + OFF_C, bytes);
     zero += bytes;
   };
+  auto zero_finish = [&]() {  // lane 0: the rest of the stripe, its copies' end, then its count
+    while (zero < zero_end) zero_some();
+    bulk_wait_all();
+    asm volatile("fence.proxy.async.global;" ::: "memory");  // the copies' writes -> the release
+    __threadfence();
+    red_release_add_gpu(p.sync, 1);
+    zero_count = false;
+  };
+  // down under the overlap: every early (block, group) done and every stripe of the output zeroed
+  // before this CTA gathers anything (its consumers reduce only after its stages' arrivals); the
+  // last CTA past this wait lowers the counters at its end
+  int passes = -1;
+  if (!GATE_UP && p.sync != nullptr) {
+    wait_at_least(p.sync, (p.blocks - p.late) * p.groups + p.zero_ctas);
+    if (lane == 0) passes = atomicAdd(p.sync + 1, 1);
+  }
   int step = 0;
   while (item < items) {
     const Span sp = item_span<GATE_UP>(p, item);
     const int next = item + gridDim.x;
     int next_expert = -1, next_lo = -1, next_hi = -1;
     if (next < items) {
-      next_expert = p.expert_ids[next % p.blocks];
-      next_lo = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane];
-      next_hi = p.sorted_ids[(next % p.blocks) * BLOCK_M + lane + 32];
+      const int b = item_place<GATE_UP>(p, next).x;
+      next_expert = p.expert_ids[b];
+      next_lo = p.sorted_ids[b * BLOCK_M + lane];
+      next_hi = p.sorted_ids[b * BLOCK_M + lane + 32];
     }
     if (expert >= 0 && expert < p.num_experts) {
+      if (!GATE_UP && p.late > 0 && sp.block >= p.blocks - p.late) {
+        // a late block: its chunk's flag, raised once a group by gate_up's last round, then lowered
+        // (by lane 0 once every lane has read it) for the next launch
+        int* flag = p.sync + 2 + (sp.block - (p.blocks - p.late)) * p.down_chunks + sp.tile0 / p.chunk;
+        wait_at_least(flag, p.groups);
+        __syncwarp();
+        if (lane == 0) *flag = 0;
+      }
       const bool real_lo = real_slot(slot_lo, p.num_slots), real_hi = real_slot(slot_hi, p.num_slots);
       const uint32_t row_lo = real_lo ? uint32_t(slot_lo / p.row_div) : 0u, row_hi = real_hi ? uint32_t(slot_hi / p.row_div) : 0u;
       const float* const ssrc[2] = {p.act_scale + size_t(row_lo) * k_steps, p.act_scale + size_t(row_hi) * k_steps};
@@ -282,7 +367,8 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
                           expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
             cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
             cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
-            if (GATE_UP && zero < zero_end) zero_some();
+            for (int z = 0; GATE_UP && z < zero_per_step && zero < zero_end; ++z) zero_some();
+            if (GATE_UP && zero_count && next >= items) zero_finish();  // the last item's first step
           }
           const int c = lane & 7;
 #pragma unroll
@@ -309,9 +395,15 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   cp_async_wait_all();
   fence_proxy_async_smem();
   for (int i = step > LAG ? step - LAG : 0; i < step; ++i) mbar_arrive(&full[i % STAGES]);
-  if (GATE_UP && lane == 0 && zero_end > 0) {
+  if (GATE_UP && lane == 0 && zero_count) {
+    zero_finish();
+  } else if (GATE_UP && lane == 0 && zero_end > 0) {
     while (zero < zero_end) zero_some();
     bulk_wait_all();  // the copies have read their source and written the output before the CTA ends
+  }
+  if (!GATE_UP && lane == 0 && passes == int(gridDim.x) - 1) {
+    p.sync[0] = 0;
+    p.sync[1] = 0;
   }
 }
 
@@ -323,8 +415,9 @@ struct ItemMeta {
   int expert, slot0, slot1;
 };
 
+template <bool GATE_UP>
 __device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0) {
-  const int block = item % p.blocks;
+  const int block = item_place<GATE_UP>(p, item).x;
   return ItemMeta{p.expert_ids[block], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
 }
 
@@ -363,17 +456,37 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
   // (down) the staged tile not yet reduced: its first output column (-1: none) and its item's
   // row-table parity; the parity of the item being run
   int pend_n0 = -1, pend_par = 0, row_par = 0;
+  // gate_up under the overlap: a (block, group) is done (its codes and scales stored, or nothing to
+  // store: an expert outside the range), for down: the count of early ones, or the late block's flags
+  auto item_done = [&](int block) {
+    named_barrier(5, CONSUMERS);  // every thread's codes and scales are stored
+    const int early = p.blocks - p.late;
+    if (block < early) {
+      if (threadIdx.x == 0) {
+        __threadfence();
+        red_release_add_gpu(p.sync, 1);
+      }
+    } else {
+      for (int c = threadIdx.x; c < p.down_chunks; c += CONSUMERS) {
+        __threadfence();
+        red_release_add_gpu(p.sync + 2 + (block - early) * p.down_chunks + c, 1);
+      }
+    }
+  };
   int item = blockIdx.x;
   ItemMeta meta;
-  if (item < items) meta = load_meta(p, item, r0);
+  if (item < items) meta = load_meta<GATE_UP>(p, item, r0);
   while (item < items) {
     const Span sp = item_span<GATE_UP>(p, item);
     const int next = item + gridDim.x;
     const ItemMeta m = meta;
     const int block = sp.block;
-    if (next < items) meta = load_meta(p, next, r0);  // one item ahead
+    if (next < items) meta = load_meta<GATE_UP>(p, next, r0);  // one item ahead
     item = next;
-    if (m.expert < 0 || m.expert >= p.num_experts) continue;
+    if (m.expert < 0 || m.expert >= p.num_experts) {
+      if (GATE_UP && p.sync != nullptr && sp.split == p.splits - 1) item_done(block);
+      continue;
+    }
     const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
     const float rw0 = !GATE_UP && real0 ? route_w[m.slot0] : 0.f;
     const float rw1 = !GATE_UP && real1 ? route_w[m.slot1] : 0.f;
@@ -508,6 +621,7 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
           if (wg == 0 && q == 0) a_scale_out[size_t(m.slot1) * groups + tile] = s1;
         }
         parity ^= 1;
+        if (p.sync != nullptr) item_done(block);
       } else {
         // ---------------------------------------------- route weight, BF16, reduce-add
         const int n0 = tile * BLOCK_N + wg * WG_N;  // this warpgroup's first output column
@@ -565,10 +679,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_u
     const __grid_constant__ TmaDescriptor w1_map, const float* w1_scale, const uint8_t* x, const float* x_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, uint8_t* a, float* a_scale,
     int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float* part,
-    int* flags, uint16_t* zero_out, long long zero_bytes) {
-  const Problem p{&w1_map, w1_scale, n_dim, k_dim, x, x_scale, top_k, sorted_ids, expert_ids,
-                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256,
-                  splits, 1, part, flags, reinterpret_cast<uint8_t*>(zero_out), zero_bytes};
+    int* flags, uint16_t* zero_out, long long zero_bytes,
+    // the overlap with down (sync not null): its counters and flags, down's chunks a block
+    int* sync, int down_chunks) {
+  Problem p{&w1_map, w1_scale, n_dim, k_dim, x, x_scale, top_k, sorted_ids, expert_ids,
+            num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256,
+            splits, 1, part, flags, reinterpret_cast<uint8_t*>(zero_out), zero_bytes,
+            sync, int(gridDim.x), (n_dim / 256) * splits, n_dim / 256, down_chunks, 0, 0};
+  if (sync != nullptr) {
+    p.late = late_blocks(p);
+    // down (launched as this grid's programmatic dependent) may be scheduled now: it takes the SMs
+    // this grid's CTAs leave, and it waits on sync for what it reads
+    asm volatile("griddepcontrol.launch_dependents;");
+  }
   run<true>(p, a, a_scale, nullptr, nullptr, top_k);
 }
 
@@ -577,9 +700,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_u
 extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(
     const __grid_constant__ TmaDescriptor w2_map, const float* w2_scale, const uint8_t* a, const float* a_scale,
     const int* sorted_ids, const int* expert_ids, const int* num_post_padded, const float* route_w,
-    uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk) {
-  const Problem p{&w2_map, w2_scale, k_dim, inter, a, a_scale, 1, sorted_ids, expert_ids,
-                  num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), (k_dim + BLOCK_N - 1) / BLOCK_N,
-                  1, chunk, nullptr, nullptr, nullptr, 0};
+    uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk,
+    // the overlap with gate_up (sync not null): gate_up's counters and flags, its grid and items a
+    // block, its requant groups, and its CTAs that zero the output (0: none)
+    int* sync, int gu_grid, int gu_per_block, int groups, int zero_ctas) {
+  const int tiles = (k_dim + BLOCK_N - 1) / BLOCK_N;
+  Problem p{&w2_map, w2_scale, k_dim, inter, a, a_scale, 1, sorted_ids, expert_ids,
+            num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), tiles,
+            1, chunk, nullptr, nullptr, nullptr, 0,
+            sync, max(gu_grid, 1), max(gu_per_block, 1), groups, (tiles + chunk - 1) / chunk, zero_ctas, 0};
+  if (sync != nullptr) p.late = late_blocks(p);
   run<false>(p, nullptr, nullptr, route_w, out, top_k);
 }
