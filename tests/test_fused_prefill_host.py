@@ -16,8 +16,8 @@ from moebench.fixtures.builder import fixture_routes
 from moebench.kernels import fused_prefill
 from moebench.kernels.fused_arm import CudaFusedArm
 from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, make_prefill_launch, prefill_weights,
-                                            down_chunk, overlap_down, shared_bytes, split_work, validate_prefill,
-                                            work_items)
+                                            down_chunk, overlap_down, prefill_overlaps, shared_bytes, split_work,
+                                            validate_prefill, work_items)
 
 from test_fused_host import _cuobjdump
 
@@ -186,6 +186,17 @@ def test_the_grouped_band_needs_a_wide_hidden_size():
     assert choose_path(int(100 * high) - 1, 100, narrow) == "prefill"  # Q's K = 2048 keeps the fused paths
     assert choose_path(int(100 * low), 100, narrow) == "prefill"
     assert low > fused_prefill.MIN_TOKENS_PER_EXPERT  # the decode kernel below both
+    # the pair overlapped (down beside gate_up's last round) is the faster in the band
+    assert choose_path(int(100 * low), 100, wide, overlaps=True) == "prefill"
+
+
+@pytest.mark.parametrize("name, overlaps", [("A448", True), ("A512", True), ("A384", False), ("A2048", False),
+                                            ("A1024", True), ("Q4096", False)])
+def test_the_band_shapes_overlap(name, overlaps):
+    spec = ShapeRegistry().resolve(name)
+    ids, _ = fixture_routes(spec)
+    blocks = route_plan(ids, spec.E, BLOCK_M).num_blocks
+    assert prefill_overlaps(blocks, spec.M, spec.N, spec.K, 132) is overlaps
 
 
 def test_arm_path_options():

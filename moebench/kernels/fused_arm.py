@@ -12,8 +12,9 @@ many clusters as the GPU holds at once). The weight layout is fused_layout's, th
 arithmetic (shared memory, occupancy, ring depth, cluster placement) fused_policy's, the input
 checks fused_checks'; this module builds, launches and registers the arm. Calls whose experts
 average many tokens take fused_prefill's two FP8 wgmma kernels instead, and a band between the
-two (wide K, 14 to 20 slots an expert) the Swap-AB grouped GEMMs of cuda-swapab (`choose_path`;
-the call's identity says which path ran and why). The arm's call writes its whole output: the
+two (wide K, 14 to 20 slots an expert) the Swap-AB grouped GEMMs of cuda-swapab, unless the pair
+runs its two kernels overlapped there (`choose_path`; the call's identity says which path ran and
+why). The arm's call writes its whole output: the
 kernels add into it, so on the decode path a zeroing kernel runs ahead of the fused one (its
 programmatic dependent), and on the prefill path gate_up zeroes it.
 """
@@ -34,8 +35,9 @@ from moebench.kernels.fused_checks import need as _need
 from moebench.kernels.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
                                            FusedWeights, prepare_fused_weights)
 from moebench.kernels.fused_prefill import SOURCE as PREFILL_SOURCE
+from moebench.kernels.fused_prefill import BLOCK_M as PREFILL_BLOCK_M
 from moebench.kernels.fused_prefill import (GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS,
-                                            choose_path, prepare_prefill_call)
+                                            choose_path, prefill_overlaps, prepare_prefill_call)
 from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
                                            SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
@@ -267,7 +269,7 @@ FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
 class CudaFusedArm(Arm):
     description = ("gate/up, SwiGLU, FP8 requant, down, BF16 reduce-add: one sm_90a kernel (Swap-AB mma) for decode, "
                    "two FP8 wgmma kernels for large expert groups, cuda-swapab's grouped GEMMs in the band between "
-                   "at wide K")
+                   "at wide K where those two do not overlap")
     source_file = SOURCE
     # a build of the prefill pair's source (`--build NAME=.../sm90_fused_prefill.cu`), launched by
     # fused_prefill
@@ -339,9 +341,12 @@ class CudaFusedArm(Arm):
         # Which kernels this call launches, from the route plan (fused_prefill.choose_path): the
         # wgmma prefill pair for large expert groups, the one-kernel decode path otherwise.
         routed = int(torch.unique(fx.topk_ids).numel())
-        path = choose_path(fx.M * s.top_k, routed, s.K) if self.path == "auto" else self.path
+        blocks = route_plan(fx.topk_ids, s.E, PREFILL_BLOCK_M).num_blocks
+        overlaps = prefill_overlaps(blocks, fx.M, s.N, s.K, torch.cuda.get_device_properties(fx.device).multi_processor_count)
+        path = choose_path(fx.M * s.top_k, routed, s.K, overlaps) if self.path == "auto" else self.path
         rule = dict(chosen_by=self.path, routed_experts=routed, min_tokens_per_expert=MIN_TOKENS_PER_EXPERT,
-                    grouped_slots_per_expert=list(GROUPED_SLOTS_PER_EXPERT), grouped_min_K=GROUPED_MIN_K)
+                    grouped_slots_per_expert=list(GROUPED_SLOTS_PER_EXPERT), grouped_min_K=GROUPED_MIN_K,
+                    prefill_overlaps=overlaps)
         if self.prefill_source is not None and path != "prefill":
             raise UserError(f"{self.name}: at {s.name} the route plan takes path={path}, which does not run "
                             f"the build of {PREFILL_SOURCE}; time it at prefill shapes, or with path=prefill")

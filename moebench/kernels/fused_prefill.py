@@ -46,18 +46,22 @@ MIN_TOKENS_PER_EXPERT = 6.0
 # (15.7) grouped 223.0, prefill 240.1; A640 (22.4) prefill 246.8, grouped 270.5; A768 (26.9)
 # prefill 251.6, grouped 304.0; and A512 (17.9) grouped 231.3, prefill 244.0 (experiments/
 # prefill-gate-up-tail-before.json.gz). The upper bound lies between A512 and A640, unmeasured
-# there. Q (K = 2048) keeps the fused paths: Q384 grouped 125.9 against prefill 113.5.
+# there. Q (K = 2048) keeps the fused paths: Q384 grouped 125.9 against prefill 113.5. Where the
+# pair runs down beside gate_up's third round (overlap_down) it is the faster again, and the band
+# does not apply: A448 prefill 204.9 us against grouped 220.6, A512 209.0 against 231.3 (one
+# paired run, experiments/prefill-overlap.json.gz; without the overlap 248.3 and 249.0).
 GROUPED_SLOTS_PER_EXPERT = (14.0, 20.0)
 GROUPED_MIN_K = 4096
 PATHS = ("auto", "decode", "grouped", "prefill")
 
 
-def choose_path(num_slots: int, routed_experts: int, K: int = 0) -> str:
-    """The kernels for a route plan: "grouped" in the band above, else "prefill" where experts
-    average at least MIN_TOKENS_PER_EXPERT slots, else "decode"."""
+def choose_path(num_slots: int, routed_experts: int, K: int = 0, overlaps: bool = False) -> str:
+    """The kernels for a route plan: "grouped" in the band above unless the prefill pair would run
+    its kernels overlapped there (`overlaps`: prefill_overlaps for the plan), else "prefill" where
+    experts average at least MIN_TOKENS_PER_EXPERT slots, else "decode"."""
     per_expert = num_slots / max(routed_experts, 1)
     low, high = GROUPED_SLOTS_PER_EXPERT
-    if K >= GROUPED_MIN_K and low <= per_expert < high:
+    if K >= GROUPED_MIN_K and low <= per_expert < high and not overlaps:
         return "grouped"
     return "prefill" if num_slots >= MIN_TOKENS_PER_EXPERT * max(routed_experts, 1) else "decode"
 
@@ -150,6 +154,15 @@ def overlap_down(items1: int, items2: int, grid1: int, ctas: int, gate_steps: in
     apart = rounds1 * gate_steps + down(ctas)
     beside = (rounds1 - 1) * gate_steps + max(gate_steps, down(ctas - last))
     return (True, ctas - last) if beside < apart * (1 - OVERLAP_GAIN) else (False, ctas)
+
+
+def prefill_overlaps(blocks: int, tokens: int, N: int, K: int, ctas: int) -> bool:
+    """Whether the prefill pair, cut by split_work for `blocks` real plan blocks, runs down beside
+    gate_up's last round (overlap_down) on a GPU of `ctas` SMs."""
+    splits, chunk = split_work(blocks, tokens, N, K, ctas)
+    items1, items2 = work_items(blocks, N, K, splits, chunk)
+    return overlap_down(items1, items2, max(1, min(ctas, items1)), ctas, K // GROUP // splits,
+                        chunk * (N // 2 // GROUP))[0]
 
 
 def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None = None) -> tuple[int, int]:
