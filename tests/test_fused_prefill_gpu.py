@@ -15,7 +15,7 @@ import torch
 from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.fused_arm import CudaFusedArm, CudaFusedDetArm
-from moebench.kernels.fused_prefill import BLOCK_M, make_prefill_launch, prefill_weights
+from moebench.kernels.fused_prefill import BLOCK_M, kernel_names, make_prefill_launch, prefill_weights
 from moebench.kernels.parity import References, check_parity, compare
 
 from gpu_fixtures import with_garbage_past_the_padded_total
@@ -338,7 +338,7 @@ def test_one_hot_expert_beside_gate_up():
 def test_the_arm_overlaps_where_the_model_says(shape, overlap):
     fx = build_fixture(ShapeRegistry().resolve(shape)).to("cuda")
     call = CudaFusedArm(path="prefill").prepare(fx)
-    assert call.identity["overlap"] is overlap
+    assert call.identity["overlap"] is overlap and call.identity["kernels"] == list(kernel_names(overlap))
     grids = call.identity["grids"]
     assert (grids[1][0] < grids[0][0]) is overlap  # beside: down leaves the last round's SMs to gate_up
     p = check_parity(call, References(fx), f"{shape}-auto-overlap")

@@ -42,7 +42,7 @@ def cache(tmp_path, monkeypatch):
 def test_both_kernels_compile_for_sm90a_without_spills(cache):
     m = fused_prefill.build_prefill()
     assert m.build.arch == "sm_90a"
-    for _, name in fused_prefill.KERNELS:
+    for name in fused_prefill.kernel_names(False) + fused_prefill.kernel_names(True):
         r = m.resources(name)
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, (name, r)
         assert r.registers <= 65536 // fused_prefill.THREADS // 8 * 8, (name, r)  # one CTA an SM
@@ -57,8 +57,8 @@ def test_sass_runs_fp8_wgmma_and_nothing_in_local_memory(cache, tmp_path):
     cubin.write_bytes(fused_prefill.build_prefill().cubin)
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     # QGMMA is sm_90's FP8 tensor-core instruction (the decode kernel's mma.sync runs as HMMA)
-    # four k32 steps a stage, two kernels, the first K step peeled
-    assert sass.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 16
+    # four k32 steps a stage, two kernels in two builds each, the first K step peeled
+    assert sass.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 32
     assert "HMMA" not in sass
     for op in ("UTMALDG.2D", "LDGSTS", "REDG.E.ADD.BF16x8"):
         assert op in sass, op
@@ -67,6 +67,29 @@ def test_sass_runs_fp8_wgmma_and_nothing_in_local_memory(cache, tmp_path):
     # through an integer loses its space, and the staging stores and scale reads turn generic)
     generic = re.search(r".*\s(LD|ST)(\.[A-Z0-9]+)*\s.*", sass)
     assert generic is None, generic.group(0)
+
+
+def _functions(sass: str) -> dict[str, str]:
+    return {part.split("\n", 1)[0].strip(): part for part in re.split(r"\n\s*Function : ", sass)[1:]}
+
+
+def test_the_builds_apart_carry_none_of_the_overlap(cache, tmp_path):
+    # the kernels launched one after the other are compiled without the overlap's counters and
+    # flags (its release adds, acquire loads, the ticket atomic and the PDL trigger); its builds have them
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    cubin = tmp_path / "prefill.cubin"
+    cubin.write_bytes(fused_prefill.build_prefill().cubin)
+    funcs = _functions(subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout)
+    gate_up, down = fused_prefill.kernel_names(False)
+    gate_up_ov, down_ov = fused_prefill.kernel_names(True)
+    # (gate_up's K-range chain has acquire loads of its own)
+    for name, ops in ((gate_up, ("PREEXIT", "REDG.E.ADD.S32.STRONG.GPU", "ATOMG")),
+                      (down, ("PREEXIT", "REDG.E.ADD.S32.STRONG.GPU", "LDG.E.STRONG.GPU", "ATOMG"))):
+        assert not [op for op in ops if op in funcs[name]], name
+    assert "PREEXIT" in funcs[gate_up_ov] and "REDG.E.ADD.S32.STRONG.GPU" in funcs[gate_up_ov]
+    assert "LDG.E.STRONG.GPU" in funcs[down_ov] and "ATOMG.E.ADD.STRONG.GPU" in funcs[down_ov]
 
 
 @pytest.mark.parametrize("stages", [3, 4])

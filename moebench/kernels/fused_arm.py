@@ -341,9 +341,12 @@ class CudaFusedArm(Arm):
         # Which kernels this call launches, from the route plan (fused_prefill.choose_path): the
         # wgmma prefill pair for large expert groups, the one-kernel decode path otherwise.
         routed = int(torch.unique(fx.topk_ids).numel())
-        blocks = route_plan(fx.topk_ids, s.E, PREFILL_BLOCK_M).num_blocks
-        overlaps = prefill_overlaps(blocks, fx.M, s.N, s.K, torch.cuda.get_device_properties(fx.device).multi_processor_count)
-        path = choose_path(fx.M * s.top_k, routed, s.K, overlaps) if self.path == "auto" else self.path
+        path = choose_path(fx.M * s.top_k, routed, s.K) if self.path == "auto" else self.path
+        overlaps = None  # (asked only in the grouped band, which gives way to the overlapped prefill pair)
+        if self.path == "auto" and path == "grouped":
+            sms = torch.cuda.get_device_properties(fx.device).multi_processor_count
+            overlaps = prefill_overlaps(route_plan(fx.topk_ids, s.E, PREFILL_BLOCK_M).num_blocks, fx.M, s.N, s.K, sms)
+            path = choose_path(fx.M * s.top_k, routed, s.K, overlaps)
         rule = dict(chosen_by=self.path, routed_experts=routed, min_tokens_per_expert=MIN_TOKENS_PER_EXPERT,
                     grouped_slots_per_expert=list(GROUPED_SLOTS_PER_EXPERT), grouped_min_K=GROUPED_MIN_K,
                     prefill_overlaps=overlaps)

@@ -174,7 +174,14 @@ def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None =
     return blocks * (N // 256) * splits, blocks * -(-tiles // chunk)
 
 
-KERNELS = ("gate_up", GATE_UP), ("down", DOWN)
+KERNELS = ("gate_up", GATE_UP), ("down", DOWN)  # (the patterns also match the builds of the overlap)
+OVERLAP_SUFFIX = "_overlap"  # the .cu's builds of both kernels for down beside gate_up's last round
+
+
+def kernel_names(overlap: bool) -> tuple[str, str]:
+    """The two kernels a launch runs: the builds apart, or those of the overlap."""
+    suffix = OVERLAP_SUFFIX if overlap else ""
+    return GATE_UP + suffix, DOWN + suffix
 
 
 @dataclass(frozen=True)
@@ -286,9 +293,6 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     w1_map, w2_map = tensor_map(w.w1, (64, 128)), tensor_map(w.w2, (64, 128))
     module = build_prefill(STAGES, source)
     smem = shared_bytes(STAGES)
-    k1, k2 = module.kernel(GATE_UP, dev.index), module.kernel(DOWN, dev.index)
-    for k in (k1, k2):
-        raise_shared_limit(k, smem, dev.index)
     max_blocks = cap // BLOCK_M
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = sms if max_ctas is None else max(1, min(sms, max_ctas))
@@ -311,6 +315,10 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     tiles2 = -(-K // BLOCK_N)
     down_chunks = -(-tiles2 // chunk)
     sync = torch.zeros(2 + grid1[0] * down_chunks if overlap else 1, dtype=torch.int32, device=dev)
+    names = kernel_names(overlap)
+    k1, k2 = module.kernel(names[0], dev.index), module.kernel(names[1], dev.index)
+    for k in (k1, k2):
+        raise_shared_limit(k, smem, dev.index)
     p = np.uint64
     # gate_up's zeroing of the output: its pointer and bytes, or none
     zeroing = (p(out.data_ptr()), np.int64(out.numel() * out.element_size())) if zero_out else (p(0), np.int64(0))
@@ -336,7 +344,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
 
     return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES,
                                       max_blocks=max_blocks, intermediate=(a, a_scale), splits=splits,
-                                      chunk=chunk, flags=flags, overlap=overlap, sync=sync)
+                                      chunk=chunk, flags=flags, overlap=overlap, sync=sync, kernels=list(names))
 
 
 def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None,
@@ -354,9 +362,9 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     launch, out, module, dims = make_prefill_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights,
                                                     max_ctas=max_ctas, blocks=blocks, chunk=chunk, splits=splits,
                                                     overlap=overlap, source=source, zero_out=True)
-    res = {k: module.resources(name, fx.device.index) for k, name in KERNELS}
+    res = {label: module.resources(name, fx.device.index) for (label, _), name in zip(KERNELS, dims["kernels"])}
     identity = {
-        "path": "prefill", "kernels": [name for _, name in KERNELS], "source": SOURCE, "block_m": BLOCK_M,
+        "path": "prefill", "kernels": dims["kernels"], "source": SOURCE, "block_m": BLOCK_M,
         "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
         "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
         "splits": dims["splits"], "chunk": dims["chunk"], "overlap": dims["overlap"],

@@ -19,8 +19,8 @@
 //            (output columns), I/128 steps each, so an item's plan reads are paid once a chunk
 // The host cuts the work (splits, chunk) so that the items fill the persistent grid's last round:
 // with one item a block, 267 blocks on 132 SMs (A512) leave three CTAs streaming a third round.
-// The overlap (the host's choice, fused_prefill.overlap_down): down is launched as gate_up's
-// programmatic dependent on a grid of the SMs that gate_up's last round leaves idle, and runs
+// The overlap (the host's choice, fused_prefill.overlap_down; the kernels' _overlap builds, the
+// others compiled without any of it): down is launched as gate_up's programmatic dependent on a grid of the SMs that gate_up's last round leaves idle, and runs
 // beside that round. Nothing orders the two kernels' memory but flags: gate_up counts each done
 // (block, group) of the blocks before that round and each CTA's zeroed stripe of the output in one
 // counter, which down's CTAs wait for before their first item, and raises a flag a (late block,
@@ -219,18 +219,18 @@ __device__ __forceinline__ int num_items(const Problem& p) {
 // An item's plan block and its r (gate_up: group + tiles x split; down: chunk). down's order under
 // the overlap: every chunk of the early blocks (block fastest), then the late blocks' (block
 // fastest), so the items that wait for gate_up's last round come last; without it, late = 0.
-template <bool GATE_UP>
+template <bool GATE_UP, bool OV>
 __device__ __forceinline__ int2 item_place(const Problem& p, int item) {
-  if (GATE_UP || p.late == 0) return make_int2(item % p.blocks, item / p.blocks);
+  if (GATE_UP || !OV || p.late == 0) return make_int2(item % p.blocks, item / p.blocks);
   const int early = p.blocks - p.late, n_early = early * ((p.tiles + p.chunk - 1) / p.chunk);
   if (item < n_early) return make_int2(item % early, item / early);
   return make_int2(early + (item - n_early) % p.late, (item - n_early) / p.late);
 }
 
-template <bool GATE_UP>
+template <bool GATE_UP, bool OV>
 __device__ __forceinline__ Span item_span(const Problem& p, int item) {
   const int k_steps = p.k_dim / BLOCK_K;
-  const int2 br = item_place<GATE_UP>(p, item);
+  const int2 br = item_place<GATE_UP, OV>(p, item);
   const int block = br.x, r = br.y;
   if (GATE_UP) {
     const int tile = r % p.tiles, split = r / p.tiles;
@@ -247,7 +247,7 @@ __device__ __forceinline__ int box_row(bool gate_up, int tile, int i, int inter)
 
 // ---------------------------------------------------------------------------------- producer
 
-template <bool GATE_UP>
+template <bool GATE_UP, bool OV>
 __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty) {
   const int lane = threadIdx.x % 32;
   const int k_steps = p.k_dim / BLOCK_K;
@@ -258,7 +258,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   // item ahead, so their latency hides behind the current item's stream.
   int item = blockIdx.x, expert = -1, slot_lo = -1, slot_hi = -1;
   if (item < items) {
-    const int b = item_place<GATE_UP>(p, item).x;
+    const int b = item_place<GATE_UP, OV>(p, item).x;
     expert = p.expert_ids[b];
     slot_lo = p.sorted_ids[b * BLOCK_M + lane];
     slot_hi = p.sorted_ids[b * BLOCK_M + lane + 32];
@@ -279,7 +279,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
     for (int i = lane; i < ZERO_COPY / 16; i += 32) src[i] = make_uint4(0u, 0u, 0u, 0u);
     fence_proxy_async_smem();  // this lane's zeros -> the bulk copies (async proxy)
     __syncwarp();
-    if (p.sync != nullptr) {
+    if (OV) {
       const int mine = items > int(blockIdx.x) ? (items - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
       const long long before_last = static_cast<long long>(max(mine - 1, 0)) * (k_steps / p.splits);
       const long long copies = (zero_end - zero + ZERO_COPY - 1) / ZERO_COPY;
@@ -304,23 +304,23 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   // before this CTA gathers anything (its consumers reduce only after its stages' arrivals); the
   // last CTA past this wait lowers the counters at its end
   int passes = -1;
-  if (!GATE_UP && p.sync != nullptr) {
+  if (!GATE_UP && OV) {
     wait_at_least(p.sync, (p.blocks - p.late) * p.groups + p.zero_ctas);
     if (lane == 0) passes = atomicAdd(p.sync + 1, 1);
   }
   int step = 0;
   while (item < items) {
-    const Span sp = item_span<GATE_UP>(p, item);
+    const Span sp = item_span<GATE_UP, OV>(p, item);
     const int next = item + gridDim.x;
     int next_expert = -1, next_lo = -1, next_hi = -1;
     if (next < items) {
-      const int b = item_place<GATE_UP>(p, next).x;
+      const int b = item_place<GATE_UP, OV>(p, next).x;
       next_expert = p.expert_ids[b];
       next_lo = p.sorted_ids[b * BLOCK_M + lane];
       next_hi = p.sorted_ids[b * BLOCK_M + lane + 32];
     }
     if (expert >= 0 && expert < p.num_experts) {
-      if (!GATE_UP && p.late > 0 && sp.block >= p.blocks - p.late) {
+      if (!GATE_UP && OV && p.late > 0 && sp.block >= p.blocks - p.late) {
         // a late block: its chunk's flag, raised once a group by gate_up's last round, then lowered
         // (by lane 0 once every lane has read it) for the next launch
         int* flag = p.sync + 2 + (sp.block - (p.blocks - p.late)) * p.down_chunks + sp.tile0 / p.chunk;
@@ -367,8 +367,9 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
                           expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
             cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
             cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
-            for (int z = 0; GATE_UP && z < zero_per_step && zero < zero_end; ++z) zero_some();
-            if (GATE_UP && zero_count && next >= items) zero_finish();  // the last item's first step
+            if (GATE_UP && !OV && zero < zero_end) zero_some();
+            for (int z = 0; GATE_UP && OV && z < zero_per_step && zero < zero_end; ++z) zero_some();
+            if (GATE_UP && OV && zero_count && next >= items) zero_finish();  // the last item's first step
           }
           const int c = lane & 7;
 #pragma unroll
@@ -395,13 +396,13 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   cp_async_wait_all();
   fence_proxy_async_smem();
   for (int i = step > LAG ? step - LAG : 0; i < step; ++i) mbar_arrive(&full[i % STAGES]);
-  if (GATE_UP && lane == 0 && zero_count) {
+  if (GATE_UP && OV && lane == 0 && zero_count) {
     zero_finish();
   } else if (GATE_UP && lane == 0 && zero_end > 0) {
     while (zero < zero_end) zero_some();
     bulk_wait_all();  // the copies have read their source and written the output before the CTA ends
   }
-  if (!GATE_UP && lane == 0 && passes == int(gridDim.x) - 1) {
+  if (!GATE_UP && OV && lane == 0 && passes == int(gridDim.x) - 1) {
     p.sync[0] = 0;
     p.sync[1] = 0;
   }
@@ -415,9 +416,9 @@ struct ItemMeta {
   int expert, slot0, slot1;
 };
 
-template <bool GATE_UP>
+template <bool GATE_UP, bool OV>
 __device__ __forceinline__ ItemMeta load_meta(const Problem& p, int item, int r0) {
-  const int block = item_place<GATE_UP>(p, item).x;
+  const int block = item_place<GATE_UP, OV>(p, item).x;
   return ItemMeta{p.expert_ids[block], p.sorted_ids[block * BLOCK_M + r0], p.sorted_ids[block * BLOCK_M + r0 + 8]};
 }
 
@@ -440,7 +441,7 @@ __device__ __forceinline__ void reduce_staged(const uint8_t* c_tile, const int* 
   }
 }
 
-template <bool GATE_UP>
+template <bool GATE_UP, bool OV>
 __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
                                         // gate_up's outputs
                                         uint8_t* __restrict__ a_out, float* __restrict__ a_scale_out,
@@ -475,16 +476,16 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
   };
   int item = blockIdx.x;
   ItemMeta meta;
-  if (item < items) meta = load_meta<GATE_UP>(p, item, r0);
+  if (item < items) meta = load_meta<GATE_UP, OV>(p, item, r0);
   while (item < items) {
-    const Span sp = item_span<GATE_UP>(p, item);
+    const Span sp = item_span<GATE_UP, OV>(p, item);
     const int next = item + gridDim.x;
     const ItemMeta m = meta;
     const int block = sp.block;
-    if (next < items) meta = load_meta<GATE_UP>(p, next, r0);  // one item ahead
+    if (next < items) meta = load_meta<GATE_UP, OV>(p, next, r0);  // one item ahead
     item = next;
     if (m.expert < 0 || m.expert >= p.num_experts) {
-      if (GATE_UP && p.sync != nullptr && sp.split == p.splits - 1) item_done(block);
+      if (GATE_UP && OV && sp.split == p.splits - 1) item_done(block);
       continue;
     }
     const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
@@ -621,7 +622,7 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
           if (wg == 0 && q == 0) a_scale_out[size_t(m.slot1) * groups + tile] = s1;
         }
         parity ^= 1;
-        if (p.sync != nullptr) item_done(block);
+        if (OV) item_done(block);
       } else {
         // ---------------------------------------------- route weight, BF16, reduce-add
         const int n0 = tile * BLOCK_N + wg * WG_N;  // this warpgroup's first output column
@@ -645,7 +646,7 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
 
 // ---------------------------------------------------------------------------------- kernels
 
-template <bool GATE_UP>
+template <bool GATE_UP, bool OV>
 __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_scale_out, const float* route_w,
                                     uint16_t* out, int top_k) {
   extern __shared__ uint8_t smem_raw[];
@@ -664,51 +665,78 @@ __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_s
   }
   __syncthreads();
   if (threadIdx.x >= CONSUMERS)
-    produce<GATE_UP>(p, smem, full, empty);
+    produce<GATE_UP, OV>(p, smem, full, empty);
   else
-    consume<GATE_UP>(p, smem, full, empty, a_out, a_scale_out, route_w, out, top_k);
+    consume<GATE_UP, OV>(p, smem, full, empty, a_out, a_scale_out, route_w, out, top_k);
 }
 
 __device__ __forceinline__ int plan_blocks(const int* num_post_padded, int max_blocks) {
   return min((num_post_padded[0] + BLOCK_M - 1) / BLOCK_M, max_blocks);
 }
 
+// The kernels, each in two builds: apart (down launched after gate_up ends) and _overlap (down
+// beside gate_up's last round; sync is then not null). The parameters of both builds are the same.
+// (DESC: the descriptor's declaration, a __grid_constant__ parameter of the kernels, a reference to it
+// in the bodies: its address is what the TMA loads take)
+#define GATE_UP_PARAMS(DESC)                                                                              \
+  DESC w1_map, const float *w1_scale, const uint8_t *x, const float *x_scale, const int *sorted_ids,      \
+      const int *expert_ids, const int *num_post_padded, uint8_t *a, float *a_scale, int num_slots,       \
+      int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float *part,          \
+      int *flags, uint16_t *zero_out, long long zero_bytes, int *sync, int down_chunks
+#define DOWN_PARAMS(DESC)                                                                                 \
+  DESC w2_map, const float *w2_scale, const uint8_t *a, const float *a_scale, const int *sorted_ids,      \
+      const int *expert_ids, const int *num_post_padded, const float *route_w, uint16_t *out,             \
+      int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk,         \
+      int *sync, int gu_grid, int gu_per_block, int groups, int zero_ctas
+#define KERNEL_DESC const __grid_constant__ TmaDescriptor
+
 // GEMM1 + SwiGLU + requant: x [M, K] FP8 (scales [M, K/128]) against w1 [E * 2I, K] (gate rows
 // first); writes a [slots, I] FP8 and a_scale [slots, I/128] for every real slot of a done block.
-extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_up(
-    const __grid_constant__ TmaDescriptor w1_map, const float* w1_scale, const uint8_t* x, const float* x_scale,
-    const int* sorted_ids, const int* expert_ids, const int* num_post_padded, uint8_t* a, float* a_scale,
-    int num_slots, int top_k, int k_dim, int n_dim, int num_experts, int max_blocks, int splits, float* part,
-    int* flags, uint16_t* zero_out, long long zero_bytes,
-    // the overlap with down (sync not null): its counters and flags, down's chunks a block
-    int* sync, int down_chunks) {
+// (sync: the overlap's counters and flags; down_chunks: down's chunks a block.)
+template <bool OV>
+__device__ __forceinline__ void gate_up(GATE_UP_PARAMS(const TmaDescriptor&)) {
   Problem p{&w1_map, w1_scale, n_dim, k_dim, x, x_scale, top_k, sorted_ids, expert_ids,
             num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), n_dim / 256,
             splits, 1, part, flags, reinterpret_cast<uint8_t*>(zero_out), zero_bytes,
             sync, int(gridDim.x), (n_dim / 256) * splits, n_dim / 256, down_chunks, 0, 0};
-  if (sync != nullptr) {
+  if (OV) {
     p.late = late_blocks(p);
     // down (launched as this grid's programmatic dependent) may be scheduled now: it takes the SMs
     // this grid's CTAs leave, and it waits on sync for what it reads
     asm volatile("griddepcontrol.launch_dependents;");
   }
-  run<true>(p, a, a_scale, nullptr, nullptr, top_k);
+  run<true, OV>(p, a, a_scale, nullptr, nullptr, top_k);
 }
 
 // GEMM2 + combine: a [slots, I] against w2 [E * K, I]; out[slot / top_k, :K] += route_w[slot] * .
-// in BF16 (out is accumulated into; gate_up zeroed it when the launch writes it).
-extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(
-    const __grid_constant__ TmaDescriptor w2_map, const float* w2_scale, const uint8_t* a, const float* a_scale,
-    const int* sorted_ids, const int* expert_ids, const int* num_post_padded, const float* route_w,
-    uint16_t* out, int num_slots, int top_k, int k_dim, int inter, int num_experts, int max_blocks, int chunk,
-    // the overlap with gate_up (sync not null): gate_up's counters and flags, its grid and items a
-    // block, its requant groups, and its CTAs that zero the output (0: none)
-    int* sync, int gu_grid, int gu_per_block, int groups, int zero_ctas) {
+// in BF16 (out is accumulated into; gate_up zeroed it when the launch writes it). (sync: gate_up's
+// counters and flags; gu_grid, gu_per_block: gate_up's grid and items a block; groups: its requant
+// groups; zero_ctas: its CTAs that zero the output, 0 for none.)
+template <bool OV>
+__device__ __forceinline__ void down(DOWN_PARAMS(const TmaDescriptor&)) {
   const int tiles = (k_dim + BLOCK_N - 1) / BLOCK_N;
   Problem p{&w2_map, w2_scale, k_dim, inter, a, a_scale, 1, sorted_ids, expert_ids,
             num_slots, num_experts, plan_blocks(num_post_padded, max_blocks), tiles,
             1, chunk, nullptr, nullptr, nullptr, 0,
             sync, max(gu_grid, 1), max(gu_per_block, 1), groups, (tiles + chunk - 1) / chunk, zero_ctas, 0};
-  if (sync != nullptr) p.late = late_blocks(p);
-  run<false>(p, nullptr, nullptr, route_w, out, top_k);
+  if (OV) p.late = late_blocks(p);
+  run<false, OV>(p, nullptr, nullptr, route_w, out, top_k);
+}
+
+#define GATE_UP_ARGS w1_map, w1_scale, x, x_scale, sorted_ids, expert_ids, num_post_padded, a, a_scale, num_slots, \
+  top_k, k_dim, n_dim, num_experts, max_blocks, splits, part, flags, zero_out, zero_bytes, sync, down_chunks
+#define DOWN_ARGS w2_map, w2_scale, a, a_scale, sorted_ids, expert_ids, num_post_padded, route_w, out, num_slots, \
+  top_k, k_dim, inter, num_experts, max_blocks, chunk, sync, gu_grid, gu_per_block, groups, zero_ctas
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_up(GATE_UP_PARAMS(KERNEL_DESC)) {
+  gate_up<false>(GATE_UP_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_gate_up_overlap(GATE_UP_PARAMS(KERNEL_DESC)) {
+  gate_up<true>(GATE_UP_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down(DOWN_PARAMS(KERNEL_DESC)) {
+  down<false>(DOWN_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moebench_prefill_down_overlap(DOWN_PARAMS(KERNEL_DESC)) {
+  down<true>(DOWN_ARGS);
 }
