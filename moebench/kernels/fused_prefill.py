@@ -133,8 +133,8 @@ def split_work(blocks: int, tokens: int, N: int, K: int, ctas: int,
 
 # down beside gate_up's last round (overlap_down). The model counts gate_up K steps: a down step
 # (a 256-row w2 tile over 128 of I, and its reductions) costs DOWN_STEP_COST of them, the median
-# of the two kernels' times per step in the sweeps at 577609c (sweep-fused-{A,Q}.json.gz: 1.22 at
-# A256 to 2.02 at A4096, 1.75 at A1024, 1.69 at Q4096). The overlap is taken where the model's call
+# of the two kernels' times per step in the sweeps at 577609c (sweep-fused-{A,Q}.json.gz as of
+# bf5051b: 1.22 at A256 to 2.02 at A4096, 1.75 at A1024, 1.69 at Q4096). The overlap is taken where the model's call
 # is at least OVERLAP_GAIN shorter.
 DOWN_STEP_COST = 1.7
 OVERLAP_GAIN = 0.02
