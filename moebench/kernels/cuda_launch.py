@@ -160,7 +160,8 @@ def bind_launch(kernel, grid, block, shared_bytes: int, *args, pdl: bool = False
     """A callable that launches `kernel` with these arguments on torch's then-current stream:
     the launch configuration is built (and the shared-memory limit raised) once, here. `pdl`:
     with programmatic stream serialization, so the kernel may start before the one ahead of it
-    on the stream has ended (it must `griddepcontrol.wait` before it reads that kernel's output)."""
+    on the stream has ended (before it reads that kernel's output it must `griddepcontrol.wait`,
+    or wait on flags that kernel releases, as the prefill pair's overlap does)."""
     from cuda.core import LaunchConfig
     from cuda.core import launch as _launch
     if shared_bytes > MAX_DEFAULT_SHARED_BYTES:
