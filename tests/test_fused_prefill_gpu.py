@@ -275,13 +275,17 @@ def test_chained_k_ranges_on_few_ctas(ctas):
     assert_parity(fx, run_prefill(fx, w=weights("Q"), max_ctas=ctas, splits=4, chunk=3), f"Q512-{ctas}cta-s4")
 
 
-def test_one_hot_expert_with_k_ranges():
+def one_hot(M: int, seed: int):
+    """Family A at M tokens, expert 0 in every token's routes (M / 64 full blocks), the others drawn."""
     b = base("A")
-    M, E, top_k = 512, b.spec.E, b.spec.top_k
-    g = torch.Generator().manual_seed(50)
+    E, top_k = b.spec.E, b.spec.top_k
+    g = torch.Generator().manual_seed(seed)
     others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
-    ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 8 full blocks
-    fx = derive(b, seed=50, topk_ids=ids)
+    return derive(b, seed=seed, topk_ids=torch.cat([torch.full((M, 1), 0), others], dim=1))
+
+
+def test_one_hot_expert_with_k_ranges():
+    fx = one_hot(512, seed=50)
     assert_parity(fx, run_prefill(fx, w=weights("A"), splits=3, chunk=7), "A512-hot-s3")
 
 
@@ -325,12 +329,7 @@ def test_parity_with_down_beside_gate_up(family, M, max_ctas, splits, chunk, zer
 
 
 def test_one_hot_expert_beside_gate_up():
-    b = base("A")
-    M, E, top_k = 1024, b.spec.E, b.spec.top_k
-    g = torch.Generator().manual_seed(62)
-    others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
-    ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0: 16 full blocks
-    fx = derive(b, seed=62, topk_ids=ids)
+    fx = one_hot(1024, seed=62)
     assert_parity(fx, run_prefill(fx, w=weights("A"), overlap=True, zero_out=True, times=2), "A1024-hot-overlap")
 
 

@@ -49,13 +49,18 @@ def test_both_kernels_compile_for_sm90a_without_spills(cache):
         assert r.shared_bytes == 0  # all dynamic, sized by shared_bytes()
 
 
-def test_sass_runs_fp8_wgmma_and_nothing_in_local_memory(cache, tmp_path):
+def _sass(tmp_path) -> str:
+    """The prefill module's SASS (the test skips without cuobjdump)."""
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
     cubin = tmp_path / "prefill.cubin"
     cubin.write_bytes(fused_prefill.build_prefill().cubin)
-    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def test_sass_runs_fp8_wgmma_and_nothing_in_local_memory(cache, tmp_path):
+    sass = _sass(tmp_path)
     # QGMMA is sm_90's FP8 tensor-core instruction (the decode kernel's mma.sync runs as HMMA)
     # four k32 steps a stage, two kernels in two builds each, the first K step peeled
     assert sass.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 32
@@ -76,12 +81,7 @@ def _functions(sass: str) -> dict[str, str]:
 def test_the_builds_apart_carry_none_of_the_overlap(cache, tmp_path):
     # the kernels launched one after the other are compiled without the overlap's counters and
     # flags (its release adds, acquire loads, the ticket atomic and the PDL trigger); its builds have them
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump")
-    cubin = tmp_path / "prefill.cubin"
-    cubin.write_bytes(fused_prefill.build_prefill().cubin)
-    funcs = _functions(subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout)
+    funcs = _functions(_sass(tmp_path))
     gate_up, down = fused_prefill.kernel_names(False)
     gate_up_ov, down_ov = fused_prefill.kernel_names(True)
     # (gate_up's K-range chain has acquire loads of its own)
