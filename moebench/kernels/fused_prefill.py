@@ -134,13 +134,14 @@ def split_work(blocks: int, tokens: int, N: int, K: int, ctas: int,
 # down beside gate_up's last round (overlap_down). The model counts gate_up K steps: a down step
 # (a 256-row w2 tile over 128 of I, and its reductions) costs DOWN_STEP_COST of them, the median
 # of the two kernels' times per step in the sweeps at 577609c (sweep-fused-{A,Q}.json.gz as of
-# bf5051b: 1.22 at A256 to 2.02 at A4096, 1.75 at A1024, 1.69 at Q4096). The overlap is taken where the model's call
-# is at least OVERLAP_GAIN shorter.
+# bf5051b: 1.22 at A256 to 2.02 at A4096, 1.75 at A1024, 1.69 at Q4096). The overlap is taken
+# where the model's call is at least OVERLAP_GAIN shorter.
 DOWN_STEP_COST = 1.7
 OVERLAP_GAIN = 0.02
 
 
-def overlap_down(items1: int, items2: int, grid1: int, ctas: int, gate_steps: int, down_steps: int) -> tuple[bool, int]:
+def overlap_down(items1: int, items2: int, grid1: int, ctas: int, gate_steps: int,
+                 down_steps: int) -> tuple[bool, int]:
     """(overlap, down's CTAs): whether down runs beside gate_up's last round, on the SMs that round
     leaves idle, rather than after it on all `ctas`. `items1` gate_up items of `gate_steps` K steps
     on `grid1` CTAs; `items2` down items of `down_steps`. Modelled call: gate_up's rounds, then
