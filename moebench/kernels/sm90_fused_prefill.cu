@@ -485,7 +485,8 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
     if (next < items) meta = load_meta<GATE_UP, OV>(p, next, r0);  // one item ahead
     item = next;
     if (m.expert < 0 || m.expert >= p.num_experts) {
-      if (GATE_UP && OV && sp.split == p.splits - 1) item_done(block);
+      // (down skips the block too: counted if early, its flags left down if late)
+      if (GATE_UP && OV && sp.split == p.splits - 1 && block < p.blocks - p.late) item_done(block);
       continue;
     }
     const bool real0 = real_slot(m.slot0, p.num_slots), real1 = real_slot(m.slot1, p.num_slots);
