@@ -282,6 +282,16 @@ def test_down_runs_beside_gate_ups_last_round_where_the_model_gains():
     assert go and ctas == 132 - 673 % 132
 
 
+def test_a_build_without_a_kernel_this_tree_launches_is_one_line():
+    from types import SimpleNamespace
+    old = SimpleNamespace(build=SimpleNamespace(name="old.cu", resources={fused_prefill.GATE_UP: None,
+                                                                          fused_prefill.DOWN: None}))
+    fused_prefill.need_kernels(old, fused_prefill.kernel_names(False))  # the builds apart are there
+    with pytest.raises(UserError, match=r"old.cu: no moebench_prefill_gate_up_overlap kernel, which this tree's "
+                                        r"prefill launch runs; build a copy of sm90_fused_prefill.cu that has it"):
+        fused_prefill.need_kernels(old, fused_prefill.kernel_names(True))
+
+
 def test_a_chunk_past_the_tiles_is_refused():
     p = _problem()  # K = 256: one w2 tile
     with pytest.raises(UserError, match=r"chunk=2 must be in \[1, K/256 = 1\]"):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moebench.errors import UserError
 from moebench.fixtures import RoutePlan
 from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K
 from moebench.kernels.fused_checks import check_plan
@@ -185,6 +186,15 @@ def kernel_names(overlap: bool) -> tuple[str, str]:
     return GATE_UP + suffix, DOWN + suffix
 
 
+def need_kernels(module, names) -> None:
+    """One line, not a loader's traceback, when a build (an older copy of the source, say) lacks a
+    kernel this tree launches."""
+    for name in names:
+        if name not in module.build.resources:
+            raise UserError(f"{module.build.name}: no {name} kernel, which this tree's prefill launch runs; "
+                            f"build a copy of {SOURCE} that has it")
+
+
 @dataclass(frozen=True)
 class PrefillWeights:
     """The fixture's FP8 weights as 2-D row views (TMA boxes of 64 rows x 128 bytes) and scales."""
@@ -317,6 +327,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     down_chunks = -(-tiles2 // chunk)
     sync = torch.zeros(2 + grid1[0] * down_chunks if overlap else 1, dtype=torch.int32, device=dev)
     names = kernel_names(overlap)
+    need_kernels(module, names)
     k1, k2 = module.kernel(names[0], dev.index), module.kernel(names[1], dev.index)
     for k in (k1, k2):
         raise_shared_limit(k, smem, dev.index)
