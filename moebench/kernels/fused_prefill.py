@@ -158,13 +158,19 @@ def overlap_down(items1: int, items2: int, grid1: int, ctas: int, gate_steps: in
     return (True, ctas - last) if beside < apart * (1 - OVERLAP_GAIN) else (False, ctas)
 
 
+def overlap_cut(blocks: int, N: int, K: int, splits: int, chunk: int, ctas: int,
+                grid1: int | None = None) -> tuple[bool, int]:
+    """overlap_down for `blocks` real plan blocks under a work cut (splits, chunk): gate_up on
+    `grid1` CTAs (one an item, at most `ctas`, when None)."""
+    items1, items2 = work_items(blocks, N, K, splits, chunk)
+    grid1 = max(1, min(ctas, items1)) if grid1 is None else grid1
+    return overlap_down(items1, items2, grid1, ctas, K // GROUP // splits, chunk * (N // 2 // GROUP))
+
+
 def prefill_overlaps(blocks: int, tokens: int, N: int, K: int, ctas: int) -> bool:
     """Whether the prefill pair, cut by split_work for `blocks` real plan blocks, runs down beside
     gate_up's last round (overlap_down) on a GPU of `ctas` SMs."""
-    splits, chunk = split_work(blocks, tokens, N, K, ctas)
-    items1, items2 = work_items(blocks, N, K, splits, chunk)
-    return overlap_down(items1, items2, max(1, min(ctas, items1)), ctas, K // GROUP // splits,
-                        chunk * (N // 2 // GROUP))[0]
+    return overlap_cut(blocks, N, K, *split_work(blocks, tokens, N, K, ctas), ctas)[0]
 
 
 def work_items(blocks: int, N: int, K: int, splits: int = 1, chunk: int | None = None) -> tuple[int, int]:
@@ -317,11 +323,11 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     grid1 = (max(1, min(ctas, items1)), 1, 1)
     # down beside gate_up's last round: on the SMs that round leaves, its launch a programmatic
     # dependent of gate_up's; counters and flags (0 between launches) order the two
-    real1, real2 = work_items(max_blocks if blocks is None else blocks, N, K, splits, chunk)
-    chosen, down_ctas = overlap_down(real1, real2, grid1[0], ctas, K // GROUP // splits, chunk * (I // GROUP))
+    real_blocks = max_blocks if blocks is None else blocks
+    chosen, down_ctas = overlap_cut(real_blocks, N, K, splits, chunk, ctas, grid1[0])
     overlap = chosen if overlap is None else bool(overlap)
     if overlap and down_ctas == ctas:  # (asked for where the model would not: the last round's SMs, if any)
-        down_ctas = max(1, ctas - real1 % grid1[0])
+        down_ctas = max(1, ctas - work_items(real_blocks, N, K, splits)[0] % grid1[0])
     grid2 = (max(1, min(down_ctas if overlap else ctas, items2)), 1, 1)
     tiles2 = -(-K // BLOCK_N)
     down_chunks = -(-tiles2 // chunk)
