@@ -119,3 +119,27 @@ def test_a_variant_of_a_prefill_build_forces_the_pair(copy):
     arm = variant_factory(parse_variant("p=cuda-fused@new:path=prefill"), known)()
     assert arm.name == "p" and arm.inner.inner.path == "prefill"
     assert arm.inner.inner.prefill_source == build.source
+
+
+def test_a_git_decode_build_is_refused_where_a_helper_of_the_arm_differs(monkeypatch, tmp_path):
+    # a git build takes fused_arm.py from its revision, not fused_policy.py (shared memory,
+    # occupancy, placement): timed at a revision where that differs, the revision's kernel would be
+    # launched with this tree's arithmetic
+    helper = "moebench/kernels/fused_policy.py"
+    try:
+        head = _git("rev-parse", "HEAD")
+        last = _git("log", "-n1", "--format=%H", "--", helper)
+        dirty = _git("status", "--porcelain", "--", "moebench/kernels")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("moebench is not a git checkout here")
+    if not last or dirty:
+        pytest.skip("fused_policy.py has no history here, or moebench/kernels has uncommitted changes")
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
+    spec = "moebench/kernels/sm90_fused_moe.cu"
+    (now,) = resolve_builds([f"now=git:{head}:{spec}"], cwd=ROOT)
+    assert now.arm == "cuda-fused" and now.host is None
+    with pytest.raises(UserError, match=rf"cuda-fused's launch also runs this tree's {helper}, which differs at "
+                                        rf"{last[:7]}.*~1 .*--build-host worktree times it with this tree's"):
+        resolve_builds([f"old=git:{last}~1:{spec}"], cwd=ROOT)
+    (old,) = resolve_builds([f"old=git:{last}~1:{spec}"], cwd=ROOT, host="worktree")
+    assert old.arm == "cuda-fused" and old.host is None

@@ -75,6 +75,10 @@ class Arm(ABC):
     # Other CUDA files it compiles, each with the keyword that takes a build of it, and the host
     # modules (dotted names) that launch them: a `--build` of one is the arm given that keyword.
     build_sources: ClassVar[dict[str, tuple[str, str]]] = {}
+    # Modules (dotted names) besides its own whose code its launch runs (its policy, layout,
+    # checks): a git build takes only the arm's module from its revision, so one of these that
+    # differs there would launch the revision's kernel with this tree's arithmetic.
+    host_helpers: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def prepare(self, fx: Fixture) -> PreparedCall:

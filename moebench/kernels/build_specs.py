@@ -305,28 +305,41 @@ def _host_module_path(arm: str) -> Path | None:
     return Path(file).resolve() if file else None
 
 
+def _differs_at_revision(b: ResolvedBuild, module: str) -> str | None:
+    """The file of `module` (this tree's, inside the build's repository) when its text at the
+    build's revision exists and differs from this tree's, else None."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None or b.repo is None or b.commit is None:
+        return None
+    rel = os.path.relpath(spec.origin, b.repo)
+    if rel.startswith(".."):
+        return None
+    text = read_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
+    return Path(rel).as_posix() if text is not None and text != Path(spec.origin).read_text() else None
+
+
 def _launcher_differs(b: ResolvedBuild) -> str | None:
     """For a build of one of the arm's `build_sources`: the module launching it (a file of this
     tree) when its text at the build's revision differs from this tree's, else None."""
     entry = getattr(load_builtin_arms()[b.arm], "build_sources", {}).get(b.source_name)
-    if entry is None or b.repo is None or b.commit is None:
-        return None
-    file = importlib.util.find_spec(entry[1]).origin
-    rel = os.path.relpath(file, b.repo)
-    if rel.startswith(".."):
-        return None
-    text = read_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
-    return Path(rel).as_posix() if text is not None and text != Path(file).read_text() else None
+    return None if entry is None else _differs_at_revision(b, entry[1])
 
 
 def _with_host(b: ResolvedBuild) -> ResolvedBuild:
     """Pin the arm's module as it is at the build's revision, when it exists and differs. A
-    build of another of its sources runs this tree's launcher for it, so a revision where that
-    launcher differs is refused."""
+    build of another of its sources runs this tree's launcher for it, and every build runs this
+    tree's helper modules of the arm (`host_helpers`), so a revision where one of those differs
+    is refused."""
     launcher = _launcher_differs(b)
     if launcher is not None:
         raise UserError(f"--build {b.spec}: a build of {b.source_name} runs this tree's {launcher}, which "
                         f"differs at {b.revision}; --build-host worktree times it with this tree's")
+    for module in getattr(load_builtin_arms()[b.arm], "host_helpers", ()):
+        helper = _differs_at_revision(b, module)
+        if helper is not None:
+            raise UserError(f"--build {b.spec}: {b.arm}'s launch also runs this tree's {helper}, which differs at "
+                            f"{b.revision} (a git build takes only the arm's own module from its revision); "
+                            f"--build-host worktree times it with this tree's")
     path = _host_module_path(b.arm)
     if path is None or b.repo is None or b.commit is None:
         return b

@@ -274,6 +274,8 @@ class CudaFusedArm(Arm):
     # a build of the prefill pair's source (`--build NAME=.../sm90_fused_prefill.cu`), launched by
     # fused_prefill
     build_sources = {PREFILL_SOURCE: ("prefill_source", "moebench.kernels.fused_prefill")}
+    host_helpers = ("moebench.kernels.fused_checks", "moebench.kernels.fused_layout", "moebench.kernels.fused_policy",
+                    "moebench.kernels.fused_prefill")
     deterministic = False  # the DETERMINISTIC build and its combine (cuda-fused-det)
 
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
