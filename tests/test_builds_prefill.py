@@ -77,15 +77,22 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_a_git_prefill_build_runs_this_trees_launcher_only_where_it_is_the_revisions(monkeypatch, tmp_path):
+def _head_and_last_change(path: str, clean: str) -> tuple[str, str]:
+    """This checkout's HEAD and the last commit that changed `path`; skips where there is no such
+    history, or `clean` (a path) has uncommitted changes."""
     try:
         head = _git("rev-parse", "HEAD")
-        last = _git("log", "-n1", "--format=%H", "--", "moebench/kernels/fused_prefill.py")
-        dirty = _git("status", "--porcelain", "--", "moebench/kernels/fused_prefill.py")
+        last = _git("log", "-n1", "--format=%H", "--", path)
+        dirty = _git("status", "--porcelain", "--", clean)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("moebench is not a git checkout here")
     if not last or dirty:
-        pytest.skip("fused_prefill.py has no history here, or uncommitted changes")
+        pytest.skip(f"{path} has no history here, or {clean} has uncommitted changes")
+    return head, last
+
+
+def test_a_git_prefill_build_runs_this_trees_launcher_only_where_it_is_the_revisions(monkeypatch, tmp_path):
+    head, last = _head_and_last_change("moebench/kernels/fused_prefill.py", "moebench/kernels/fused_prefill.py")
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
     spec = "moebench/kernels/sm90_fused_prefill.cu"
     (build,) = resolve_builds([f"now=git:{head}:{spec}"], cwd=ROOT)
@@ -125,15 +132,7 @@ def test_a_git_decode_build_is_refused_where_a_helper_of_the_arm_differs(monkeyp
     # a git build takes fused_arm.py from its revision, not fused_policy.py (shared memory,
     # occupancy, placement): timed at a revision where that differs, the revision's kernel would be
     # launched with this tree's arithmetic
-    helper = "moebench/kernels/fused_policy.py"
-    try:
-        head = _git("rev-parse", "HEAD")
-        last = _git("log", "-n1", "--format=%H", "--", helper)
-        dirty = _git("status", "--porcelain", "--", "moebench/kernels")
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("moebench is not a git checkout here")
-    if not last or dirty:
-        pytest.skip("fused_policy.py has no history here, or moebench/kernels has uncommitted changes")
+    head, last = _head_and_last_change("moebench/kernels/fused_policy.py", "moebench/kernels")
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
     spec = "moebench/kernels/sm90_fused_moe.cu"
     (now,) = resolve_builds([f"now=git:{head}:{spec}"], cwd=ROOT)
