@@ -194,6 +194,16 @@ class CudaModule:
         return k
 
 
+def need_kernels(module, names, source: str, launch: str) -> None:
+    """One line, not a loader's traceback, when `module` (a build of an older copy of `source`,
+    say) lacks a kernel of `names`, which this tree's `launch` runs."""
+    from moebench.errors import UserError
+    for name in names:
+        if name not in module.build.resources:
+            raise UserError(f"{module.build.name}: no {name} kernel, which this tree's {launch} runs; "
+                            f"build a copy of {source} that has it")
+
+
 _MEMO: dict[str, CudaModule] = {}
 
 

@@ -237,10 +237,9 @@ def bind_zero(module, device_index: int, out: torch.Tensor):
     most ZERO_CTAS CTAs of 256); the fused kernel is launched as its programmatic dependent."""
     import numpy as np
 
+    from moebench.kernels.cuda_build import need_kernels
     from moebench.kernels.cuda_launch import bind_launch
-    if ZERO_NAME not in module.build.resources:  # e.g. a --build of an older copy of the source
-        raise UserError(f"{module.build.name}: no {ZERO_NAME} kernel, which zeroes the output this "
-                        f"tree's cuda-fused writes; build a copy of {SOURCE} that has it")
+    need_kernels(module, (ZERO_NAME,), SOURCE, "cuda-fused launch")  # (e.g. a --build of an older copy)
     n16 = out.numel() * out.element_size() // 16
     grid = (max(1, min(ZERO_CTAS, -(-n16 // 256))), 1, 1)
     return bind_launch(module.kernel(ZERO_NAME, device_index), grid, (256, 1, 1), 0,

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-from moebench.errors import UserError
 from moebench.fixtures import RoutePlan
 from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K
 from moebench.kernels.fused_checks import check_plan
@@ -193,12 +192,9 @@ def kernel_names(overlap: bool) -> tuple[str, str]:
 
 
 def need_kernels(module, names) -> None:
-    """One line, not a loader's traceback, when a build (an older copy of the source, say) lacks a
-    kernel this tree launches."""
-    for name in names:
-        if name not in module.build.resources:
-            raise UserError(f"{module.build.name}: no {name} kernel, which this tree's prefill launch runs; "
-                            f"build a copy of {SOURCE} that has it")
+    """cuda_build.need_kernels for the prefill launch's kernels."""
+    from moebench.kernels.cuda_build import need_kernels as need
+    need(module, names, SOURCE, "prefill launch")
 
 
 @dataclass(frozen=True)
