@@ -11,6 +11,10 @@ time no memory decides: timed by moebench and by ncu, they show the offset betwe
 tools as a function of the kernel's length (scripts/h200.sh stage `ncu-offset`). `reduce` is
 the fused arms' combine instruction alone (16-byte BF16x2 reductions, kernels/sm90_reduce_probe.cu):
 its rate over a buffer that fits in L2 is the ceiling of an epilogue that reduce-adds.
+`wgmma` and `wgmma-step` are the prefill kernels' tensor-core work alone (kernels/sm90_wgmma_probe.cu:
+wgmma m64n128k32 e4m3 from shared memory, two warpgroups a CTA, one CTA an SM; `wgmma-step` with
+the kernels' wait and block-scale promotion every K step): their rate is the ceiling of those
+kernels' FLOPs on this GPU, beside the datasheet's peak.
 """
 
 from __future__ import annotations
@@ -33,9 +37,14 @@ OPS = {
     "spin": ("spin_kernel", 0, 0),
     "empty": ("spin_kernel", 0, 0),
     "reduce": ("moebench_probe_reduce", 0, 0),  # bytes: the reductions' (REDUCE_PASSES x the buffer)
+    "wgmma": ("moebench_probe_wgmma", 0, 0),  # FLOPs: the wgmma's (WGMMA_STEPS K steps a CTA)
+    "wgmma-step": ("moebench_probe_wgmma_step", 0, 0),
 }
 REDUCE_PASSES = 8  # sweeps of the reduce probe over its buffer
 REDUCE_CTAS_PER_SM = 8  # its grid: 256-thread CTAs an SM
+WGMMA_OPS = ("wgmma", "wgmma-step")
+WGMMA_STEPS = 8192  # K steps of 128 a CTA: a few ms at the dense peak
+WGMMA_STEP_FLOPS = 2 * 4 * 2 * 64 * 128 * 32  # a CTA's K step: 2 warpgroups x 4 wgmma m64n128k32
 WAIT_OPS = ("spin", "empty")
 TIME_UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
                  "second": 1e9, "s": 1e9}
@@ -64,6 +73,9 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
         return Unit("_probe", op, lambda: torch.cuda._sleep(wait), kernels=(decl,)), decl, 0
     if op == "reduce":
         return reduce_unit(mib, device)
+    if op in WGMMA_OPS:
+        unit, decl, _ = wgmma_unit(op, device)
+        return unit, decl, 0
     n = mib * 2**20 // 4
     a = torch.ones(n, dtype=torch.float32, device=device)
     c = torch.empty_like(a)
@@ -98,6 +110,34 @@ def reduce_unit(mib: int, device: torch.device) -> tuple[Unit, DeclaredKernel, i
     return Unit("_probe", "reduce", run, kernels=(decl,)), decl, REDUCE_PASSES * chunks * 16
 
 
+def wgmma_unit(op: str, device: torch.device) -> tuple[Unit, DeclaredKernel, int]:
+    """The wgmma probe (kernels/sm90_wgmma_probe.cu) on one CTA an SM, WGMMA_STEPS K steps each;
+    the FLOPs it runs. Its tiles come from FP8 values of a seeded normal draw (finite, not zeros:
+    the tensor cores' power, so the clock, depends on the operands)."""
+    import numpy as np
+
+    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda_launch import bind_launch, raise_shared_limit
+    from moebench.kernels.kernel_source import KernelSource
+    module = compile_source(KernelSource.shipped("sm90_wgmma_probe.cu"))
+    name = OPS[op][0]
+    kernel = module.kernel(name, device.index)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tiles = torch.randn(64 * 128 + 256 * 128, generator=gen).to(torch.float8_e4m3fn).view(torch.uint8).to(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sink = torch.empty(sms * 256, dtype=torch.float32, device=device)
+    smem = tiles.numel() + 16 + 1024  # the .cu's PROBE_SMEM
+    raise_shared_limit(kernel, smem, device.index)
+    launch = bind_launch(kernel, (sms, 1, 1), (256, 1, 1), smem, np.uint64(tiles.data_ptr()),
+                         np.uint64(sink.data_ptr()), np.int32(WGMMA_STEPS))
+
+    def run() -> None:
+        _ = (tiles, sink)
+        launch()
+    decl = DeclaredKernel(op, name, 1)
+    return Unit("_probe", op, run, kernels=(decl,)), decl, sms * WGMMA_STEPS * WGMMA_STEP_FLOPS
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     op: str
@@ -106,6 +146,7 @@ class ProbeResult:
     audit: Audit
     timer: str
     audited: tuple[Sample, ...] = ()  # the samples the audit passed
+    flops: int = 0  # (wgmma probes) the FLOPs one sample runs
 
     @property
     def timed(self) -> bool:
@@ -165,9 +206,14 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
     backend = backend if backend is not None else cuda_backend(protocol)
     cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
-    unit, _, nbytes = probe_unit(op, mib, backend.device, cycles)
+    if op in WGMMA_OPS:
+        unit, _, flops = wgmma_unit(op, backend.device)
+        nbytes = 0
+    else:
+        unit, _, nbytes = probe_unit(op, mib, backend.device, cycles)
+        flops = 0
     m = measure([unit], protocol, backend)
-    return ProbeResult(op, nbytes, m.samples, m.audit, m.timer, tuple(m.audited_samples))
+    return ProbeResult(op, nbytes, m.samples, m.audit, m.timer, tuple(m.audited_samples), flops)
 
 
 @dataclass(frozen=True)

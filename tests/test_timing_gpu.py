@@ -135,6 +135,24 @@ def test_reduce_probe_adds_and_reports_its_rate():
     assert 1e11 < res.bytes_moved / (res.median_ns * 1e-9) < 5e13
 
 
+def test_wgmma_probes_report_a_rate_below_the_peak():
+    import torch
+
+    from moebench.fidelity import WGMMA_STEP_FLOPS, WGMMA_STEPS, run_probe
+    from moebench.results.device_peaks import fp8_dense_peak
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {op: run_probe(op, samples=10, warmup=2) for op in ("wgmma", "wgmma-step")}
+    rate = {}
+    for op, r in res.items():
+        assert r.audit.passed and list(r.kernel_names) == [f"moebench_probe_{op.replace('-', '_')}"]
+        assert r.flops == sms * WGMMA_STEPS * WGMMA_STEP_FLOPS
+        rate[op] = r.flops / (r.median_ns * 1e-9)
+    peak = fp8_dense_peak(torch.cuda.get_device_name())
+    if peak is not None:
+        assert 0.1 * peak.fp8_dense_flops_per_s < rate["wgmma"] < 1.05 * peak.fp8_dense_flops_per_s
+    assert rate["wgmma-step"] < 1.05 * rate["wgmma"]  # the wait and the promotion add work, never remove it
+
+
 def test_variant_and_profile_on_the_gpu(tmp_path):
     """A variant of the stock arm (PDL off) timed beside it in one paired run, and the stock arm
     run untimed for a profiler, on the real backend."""

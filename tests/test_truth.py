@@ -304,6 +304,47 @@ def test_the_reduce_probe_is_the_combine_instruction_alone(tmp_path, monkeypatch
     assert memory and set(memory) == {"REDG"}  # reductions, and no other global access
 
 
+def test_the_wgmma_probe_is_the_prefill_instruction_alone(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.core")
+    import re
+    import subprocess
+
+    from moebench.fidelity import OPS, WGMMA_OPS, WGMMA_STEP_FLOPS
+    from moebench.kernels import cuda_build
+    from moebench.kernels.kernel_source import KernelSource
+    from tests.test_fused_host import _cuobjdump
+    assert WGMMA_STEP_FLOPS == 2 * 4 * (2 * 64 * 128 * 32)  # a CTA's K step: 2 warpgroups x 4 m64n128k32
+    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
+    cuda_build.clear_memo()
+    m = cuda_build.compile_source(KernelSource.shipped("sm90_wgmma_probe.cu"))
+    for op in WGMMA_OPS:
+        r = m.resources(OPS[op][0])
+        assert r.spill_stores == 0 and r.stack_bytes == 0
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    (tmp_path / "p.cubin").write_bytes(m.cubin)
+    for op in WGMMA_OPS:
+        sass = subprocess.run([tool, "-sass", "-fun", OPS[op][0], str(tmp_path / "p.cubin")], capture_output=True,
+                              text=True, check=True).stdout
+        assert "QGMMA.64x128x32.F32.E4M3.E4M3" in sass  # the prefill kernels' instruction
+        memory = set(re.findall(r"\b(LDG|STG|REDG|ATOMG|RED|LDL|STL)(?=[\s.])", sass))
+        assert memory == {"LDG", "STG"}  # the tiles' fill and the sink: nothing in the loop waits on L2 or HBM
+        promotion = len(re.findall(r"\bFFMA\b", sass)) >= 64  # 64 sums a thread, times the scales
+        assert promotion == (op == "wgmma-step")
+
+
+def test_probe_prints_a_flops_rate_against_the_datasheet_peak(monkeypatch):
+    import torch
+
+    from moebench.cli.probe_cmd import flops_rate
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert flops_rate(989_500_000_000, 1_000_000) == "989.5 TFLOP/s (50.0% of the dense FP8 peak, 1,979)"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Board")
+    assert flops_rate(989_500_000_000, 1_000_000) == "989.5 TFLOP/s"
+
+
 def test_probe_table_row_needs_the_ncu_csv(capsys):
     code, _, err = cli(capsys, "probe", "--op", "empty", "--table-row", "t.md")
     assert code == 2 and "--table-row needs --ncu-csv" in err

@@ -12,12 +12,26 @@ from moebench.timing.flush import FLUSH_MODES
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
 
+def flops_rate(flops: int, median_ns: float) -> str:
+    """TFLOP/s of `flops` in `median_ns`, and its share of this GPU's datasheet dense FP8 peak."""
+    import torch
+
+    from moebench.results.device_peaks import fp8_dense_peak
+    rate = flops / (median_ns * 1e-9)
+    peak = fp8_dense_peak(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    share = f" ({100 * rate / peak.fp8_dense_flops_per_s:.1f}% of the dense FP8 peak, {peak.tflops:,.0f})" if peak else ""
+    return f"{rate / 1e12:,.1f} TFLOP/s{share}"
+
+
 @cli.command("probe")
 @click.option("--op", type=click.Choice(sorted(OPS)), default="add", show_default=True,
               help="add: c = a + b; mul: c = 2a (fp32, one torch elementwise kernel); spin: a kernel that waits "
                    "--us microseconds of SM cycles; empty: the same kernel waiting 0 cycles; reduce: "
                    "8 sweeps of 16-byte BF16x2 reductions (red.global.add) over a --mib buffer, the fused "
-                   "arms' combine instruction alone (its rate is the reductions' bytes).")
+                   "arms' combine instruction alone (its rate is the reductions' bytes); wgmma: the prefill "
+                   "kernels' tensor instruction alone (wgmma m64n128k32 e4m3 from shared memory, one CTA an SM), "
+                   "wgmma-step: the same with their wait and block-scale promotion every K step (the rate is "
+                   "their FLOPs, beside the datasheet peak).")
 @click.option("--mib", type=int, default=256, show_default=True, help="Size of each tensor (add, mul).")
 @click.option("--us", type=float, default=20.0, show_default=True,
               help="spin: how long the kernel waits, in µs at the maximum SM clock.")
@@ -35,7 +49,8 @@ def probe(op, mib, us, samples, warmup, flush, timer, ncu_csv, table_row):
     if table_row and not ncu_csv:
         raise click.UsageError("--table-row needs --ncu-csv")
     res = run_probe(op, mib, samples, warmup, flush, timer, us=us)
-    what = {"spin": f"spin {us:g} µs", "empty": "empty kernel"}.get(op, f"{op} {mib} MiB")
+    what = {"spin": f"spin {us:g} µs", "empty": "empty kernel", "wgmma": "wgmma m64n128k32 e4m3",
+            "wgmma-step": "wgmma m64n128k32 e4m3, waited and promoted a K step"}.get(op, f"{op} {mib} MiB")
     if not res.timed:
         click.echo(f"launched {what} {samples + warmup} times, flush {flush}, untimed")
         return
@@ -46,6 +61,8 @@ def probe(op, mib, us, samples, warmup, flush, timer, ncu_csv, table_row):
                    err=True)
         raise click.exceptions.Exit(1)
     rate = f"{res.bytes_moved / (med * 1e-9) / 1e12:.2f} TB/s; " if res.bytes_moved else ""
+    if res.flops:
+        rate = f"{flops_rate(res.flops, med)}; "
     click.echo(f"{what}: median {med / 1e3:.3f} us over {len(res.samples)} samples ({timer}, flush {flush}); "
                f"{rate}audit {a.samples_passed}/{a.samples_total}")
     click.echo(f"kernels: {', '.join(res.kernel_names) or '(not visible to this timer)'}")
