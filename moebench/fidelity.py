@@ -14,7 +14,9 @@ its rate over a buffer that fits in L2 is the ceiling of an epilogue that reduce
 `wgmma` and `wgmma-step` are the prefill kernels' tensor-core work alone (kernels/sm90_wgmma_probe.cu:
 wgmma m64n128k32 e4m3 from shared memory, two warpgroups a CTA, one CTA an SM; `wgmma-step` with
 the kernels' wait and block-scale promotion every K step): their rate is the ceiling of those
-kernels' FLOPs on this GPU, beside the datasheet's peak.
+kernels' FLOPs on this GPU, beside the datasheet's peak. `gate-up-l2` is the prefill gate_up kernel
+itself on a plan whose operands stay in L2 (GATE_UP_L2: every block reads one of 64 groups of
+rows of 256 tokens, and one of 8 experts' weights): its rate is the kernel's without HBM.
 """
 
 from __future__ import annotations
@@ -39,12 +41,18 @@ OPS = {
     "reduce": ("moebench_probe_reduce", 0, 0),  # bytes: the reductions' (REDUCE_PASSES x the buffer)
     "wgmma": ("moebench_probe_wgmma", 0, 0),  # FLOPs: the wgmma's (WGMMA_STEPS K steps a CTA)
     "wgmma-step": ("moebench_probe_wgmma_step", 0, 0),
+    "gate-up-l2": ("moebench_prefill_gate_up", 0, 0),  # FLOPs: the blocks' GEMM (2 x 64 x 2I x K each)
 }
 REDUCE_PASSES = 8  # sweeps of the reduce probe over its buffer
 REDUCE_CTAS_PER_SM = 8  # its grid: 256-thread CTAs an SM
 WGMMA_OPS = ("wgmma", "wgmma-step")
 WGMMA_STEPS = 8192  # K steps of 128 a CTA: a few ms at the dense peak
 WGMMA_STEP_FLOPS = 2 * 4 * 2 * 64 * 128 * 32  # a CTA's K step: 2 warpgroups x 4 wgmma m64n128k32
+FLOPS_OPS = WGMMA_OPS + ("gate-up-l2",)
+# gate-up-l2's problem: family A's K and one requant group (I = 128), BLOCKS blocks of 64 slots
+# (8 rounds of 132 SMs), their slots drawn from 64 groups of 64 (256 tokens at top_k 16) and their
+# experts from 8: x's rows read 1.8 MB, w1 14.7 MB, all of it L2-resident on an H100/H200.
+GATE_UP_L2 = dict(K=7168, I=128, E=8, top_k=16, blocks=1056, groups=64)
 WAIT_OPS = ("spin", "empty")
 TIME_UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
                  "second": 1e9, "s": 1e9}
@@ -73,8 +81,8 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
         return Unit("_probe", op, lambda: torch.cuda._sleep(wait), kernels=(decl,)), decl, 0
     if op == "reduce":
         return reduce_unit(mib, device)
-    if op in WGMMA_OPS:
-        unit, decl, _ = wgmma_unit(op, device)
+    if op in FLOPS_OPS:
+        unit, decl, _ = wgmma_unit(op, device) if op in WGMMA_OPS else gate_up_l2_unit(device)
         return unit, decl, 0
     n = mib * 2**20 // 4
     a = torch.ones(n, dtype=torch.float32, device=device)
@@ -136,6 +144,53 @@ def wgmma_unit(op: str, device: torch.device) -> tuple[Unit, DeclaredKernel, int
         launch()
     decl = DeclaredKernel(op, name, 1)
     return Unit("_probe", op, run, kernels=(decl,)), decl, sms * WGMMA_STEPS * WGMMA_STEP_FLOPS
+
+
+def gate_up_l2_plan(blocks: int, groups: int, E: int, block_m: int = 64):
+    """The route plan of gate-up-l2 (CPU tensors): block b lists slots (b % groups) * block_m +
+    0..block_m-1 and expert b % E; num_slots = blocks * block_m, every block real, the buffers
+    padded (sentinel slots, expert -1) to the capacity the plan checks ask of that many slots."""
+    from moebench.fixtures.routing import RoutePlan, plan_capacity
+    slots = blocks * block_m
+    cap = plan_capacity(slots, E, block_m)
+    b = torch.arange(blocks, dtype=torch.int32)
+    sorted_ids = torch.full((cap,), slots, dtype=torch.int32)
+    sorted_ids[:slots] = ((b % groups)[:, None] * block_m + torch.arange(block_m, dtype=torch.int32)).reshape(-1)
+    expert_ids = torch.full((cap // block_m,), -1, dtype=torch.int32)
+    expert_ids[:blocks] = b % E
+    return RoutePlan(block_m, sorted_ids, expert_ids, torch.tensor([slots], dtype=torch.int32), slots)
+
+
+def gate_up_l2_unit(device: torch.device) -> tuple[Unit, DeclaredKernel, int]:
+    """The prefill gate_up kernel (fused_prefill) alone, on GATE_UP_L2's plan: its operands are
+    in L2 after the first reads, so what is left of its time is the kernel's own. The slots are
+    M * top_k rows of which the plan reads the first groups * 64 (the tokens they name, 256, are
+    the x rows read); seeded normal FP8 operands, positive scales."""
+    from moebench.kernels.fused_prefill import make_prefill_launch, prefill_weights
+    c = GATE_UP_L2
+    K, I, E, top_k, blocks = c["K"], c["I"], c["E"], c["top_k"], c["blocks"]
+    plan = gate_up_l2_plan(blocks, c["groups"], E)
+    M = plan.num_slots // top_k
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def fp8(*shape):
+        return (0.5 * torch.randn(*shape, generator=gen)).to(torch.float8_e4m3fn).to(device)
+    w1, w2 = fp8(E, 2 * I, K), fp8(E, K, I)
+    w1_scale = torch.full((E, 2 * I // 128, K // 128), 1e-2, device=device)
+    w2_scale = torch.full((E, K // 128, I // 128), 1e-2, device=device)
+    x = torch.zeros(M, K, dtype=torch.float8_e4m3fn, device=device)
+    x[: c["groups"] * 64 // top_k] = fp8(c["groups"] * 64 // top_k, K)
+    x_scale = torch.full((M, K // 128), 1e-2, device=device)
+    topk_weights = torch.full((M, top_k), 1.0 / top_k, device=device)
+    launch, _, _, dims = make_prefill_launch(x, x_scale, prefill_weights(w1, w1_scale, w2, w2_scale), plan.to(device),
+                                             topk_weights, blocks=blocks, overlap=False)
+    gate_up = dims["launches"][0]
+
+    def run() -> None:
+        _ = launch  # (its tensors and descriptors)
+        gate_up()
+    decl = DeclaredKernel("gate_up", OPS["gate-up-l2"][0], 1)
+    return Unit("_probe", "gate-up-l2", run, kernels=(decl,)), decl, blocks * 2 * 64 * 2 * I * K
 
 
 @dataclass(frozen=True)
@@ -206,8 +261,8 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
     backend = backend if backend is not None else cuda_backend(protocol)
     cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
-    if op in WGMMA_OPS:
-        unit, _, flops = wgmma_unit(op, backend.device)
+    if op in FLOPS_OPS:
+        unit, _, flops = wgmma_unit(op, backend.device) if op in WGMMA_OPS else gate_up_l2_unit(backend.device)
         nbytes = 0
     else:
         unit, _, nbytes = probe_unit(op, mib, backend.device, cycles)

@@ -151,6 +151,9 @@ def test_wgmma_probes_report_a_rate_below_the_peak():
     if peak is not None:
         assert 0.1 * peak.fp8_dense_flops_per_s < rate["wgmma"] < 1.05 * peak.fp8_dense_flops_per_s
     assert rate["wgmma-step"] < 1.05 * rate["wgmma"]  # the wait and the promotion add work, never remove it
+    l2 = run_probe("gate-up-l2", samples=5, warmup=1)
+    assert l2.audit.passed and l2.kernel_names == ["moebench_prefill_gate_up"]
+    assert 0 < l2.flops / (l2.median_ns * 1e-9) < 1.05 * rate["wgmma"]  # the kernel's loads only add time
 
 
 def test_variant_and_profile_on_the_gpu(tmp_path):

@@ -334,6 +334,23 @@ def test_the_wgmma_probe_is_the_prefill_instruction_alone(tmp_path, monkeypatch)
         assert promotion == (op == "wgmma-step")
 
 
+def test_the_gate_up_l2_plan_reads_few_rows_of_few_experts():
+    from moebench.fidelity import GATE_UP_L2, gate_up_l2_plan
+    from moebench.kernels.fused_checks import check_plan
+    c = GATE_UP_L2
+    plan = gate_up_l2_plan(c["blocks"], c["groups"], c["E"])
+    blocks, slots = plan.num_blocks, plan.num_slots
+    assert blocks == c["blocks"] and slots == blocks * 64
+    check_plan(plan, slots, c["E"], 64)  # the launcher's checks pass
+    real = plan.sorted_token_ids[:slots].reshape(blocks, 64)
+    assert int(real.min()) == 0 and int(real.max()) == c["groups"] * 64 - 1  # 64 groups of 64 slots
+    assert int((real // c["top_k"]).unique().numel()) == c["groups"] * 64 // c["top_k"] == 256  # x rows read
+    assert bool((plan.sorted_token_ids[slots:] == slots).all())  # the rest sentinel
+    assert plan.expert_ids[:blocks].unique().tolist() == list(range(c["E"])) and bool((plan.expert_ids[blocks:] == -1).all())
+    # 8 rounds of a 132-SM grid, one item a block (one requant group)
+    assert blocks == 8 * 132
+
+
 def test_probe_prints_a_flops_rate_against_the_datasheet_peak(monkeypatch):
     import torch
 

@@ -31,7 +31,8 @@ def flops_rate(flops: int, median_ns: float) -> str:
                    "arms' combine instruction alone (its rate is the reductions' bytes); wgmma: the prefill "
                    "kernels' tensor instruction alone (wgmma m64n128k32 e4m3 from shared memory, one CTA an SM), "
                    "wgmma-step: the same with their wait and block-scale promotion every K step (the rate is "
-                   "their FLOPs, beside the datasheet peak).")
+                   "their FLOPs, beside the datasheet peak); gate-up-l2: the prefill gate_up kernel itself on a plan "
+                   "whose operands stay in L2 (its rate without HBM).")
 @click.option("--mib", type=int, default=256, show_default=True, help="Size of each tensor (add, mul).")
 @click.option("--us", type=float, default=20.0, show_default=True,
               help="spin: how long the kernel waits, in µs at the maximum SM clock.")
@@ -50,7 +51,8 @@ def probe(op, mib, us, samples, warmup, flush, timer, ncu_csv, table_row):
         raise click.UsageError("--table-row needs --ncu-csv")
     res = run_probe(op, mib, samples, warmup, flush, timer, us=us)
     what = {"spin": f"spin {us:g} µs", "empty": "empty kernel", "wgmma": "wgmma m64n128k32 e4m3",
-            "wgmma-step": "wgmma m64n128k32 e4m3, waited and promoted a K step"}.get(op, f"{op} {mib} MiB")
+            "wgmma-step": "wgmma m64n128k32 e4m3, waited and promoted a K step",
+            "gate-up-l2": "prefill gate_up, operands in L2"}.get(op, f"{op} {mib} MiB")
     if not res.timed:
         click.echo(f"launched {what} {samples + warmup} times, flush {flush}, untimed")
         return

@@ -358,7 +358,8 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
 
     return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES,
                                       max_blocks=max_blocks, intermediate=(a, a_scale), splits=splits,
-                                      chunk=chunk, flags=flags, overlap=overlap, sync=sync, kernels=list(names))
+                                      chunk=chunk, flags=flags, overlap=overlap, sync=sync, kernels=list(names),
+                                      launches=(run1, run2))  # (each kernel alone, while `launch` lives: the probe)
 
 
 def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chunk: int | None = None,
