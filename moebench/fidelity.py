@@ -82,7 +82,7 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
     if op == "reduce":
         return reduce_unit(mib, device)
     if op in FLOPS_OPS:
-        unit, decl, _ = wgmma_unit(op, device) if op in WGMMA_OPS else gate_up_l2_unit(device)
+        unit, decl, _ = flops_unit(op, device)
         return unit, decl, 0
     n = mib * 2**20 // 4
     a = torch.ones(n, dtype=torch.float32, device=device)
@@ -193,6 +193,11 @@ def gate_up_l2_unit(device: torch.device) -> tuple[Unit, DeclaredKernel, int]:
     return Unit("_probe", "gate-up-l2", run, kernels=(decl,)), decl, blocks * 2 * 64 * 2 * I * K
 
 
+def flops_unit(op: str, device: torch.device) -> tuple[Unit, DeclaredKernel, int]:
+    """A probe whose rate is its FLOPs (FLOPS_OPS): the unit, its kernel and the FLOPs a sample runs."""
+    return wgmma_unit(op, device) if op in WGMMA_OPS else gate_up_l2_unit(device)
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     op: str
@@ -201,7 +206,7 @@ class ProbeResult:
     audit: Audit
     timer: str
     audited: tuple[Sample, ...] = ()  # the samples the audit passed
-    flops: int = 0  # (wgmma probes) the FLOPs one sample runs
+    flops: int = 0  # (FLOPS_OPS) the FLOPs one sample runs
 
     @property
     def timed(self) -> bool:
@@ -262,7 +267,7 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
     backend = backend if backend is not None else cuda_backend(protocol)
     cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
     if op in FLOPS_OPS:
-        unit, _, flops = wgmma_unit(op, backend.device) if op in WGMMA_OPS else gate_up_l2_unit(backend.device)
+        unit, _, flops = flops_unit(op, backend.device)
         nbytes = 0
     else:
         unit, _, nbytes = probe_unit(op, mib, backend.device, cycles)
