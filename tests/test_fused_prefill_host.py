@@ -49,6 +49,32 @@ def test_both_kernels_compile_for_sm90a_without_spills(cache):
         assert r.shared_bytes == 0  # all dynamic, sized by shared_bytes()
 
 
+def test_the_host_launches_the_block_each_build_declares():
+    """A build's kernels say their block size (the launch bound the driver reports): 384 threads
+    for this tree's file, 288 for a file from before the producer warpgroup, nothing else."""
+    from types import SimpleNamespace
+    from moebench.kernels.fused_prefill import block_threads
+
+    def k(n):
+        return SimpleNamespace(attributes=SimpleNamespace(max_threads_per_block=n))
+    assert block_threads(k(384), k(384)) == 384 == fused_prefill.THREADS
+    assert block_threads(k(288), k(288)) == 288
+    for pair in ((k(384), k(288)), (k(256), k(256)), (k(1024), k(1024))):
+        with pytest.raises(UserError, match="declare blocks of"):
+            block_threads(*pair)
+
+
+def test_the_producer_warpgroup_gives_the_consumers_their_registers():
+    """The .cu's setmaxnreg split fits one CTA an SM, and its warpgroup is what the host launches."""
+    from moebench.kernels.kernel_source import KernelSource
+    src = KernelSource.shipped(fused_prefill.SOURCE).text
+    threads = int(re.search(r"constexpr int THREADS = CONSUMERS \+ (\d+);", src).group(1)) + 256
+    prod, cons = map(int, re.search(r"PRODUCER_REGS = (\d+), CONSUMER_REGS = (\d+);", src).groups())
+    assert threads == fused_prefill.THREADS
+    assert 128 * prod + 256 * cons <= 65536 and prod % 8 == 0 and cons % 8 == 0
+    assert src.count("setmaxnreg.dec.sync.aligned") == 1 and src.count("setmaxnreg.inc.sync.aligned") == 1
+
+
 def _sass(tmp_path) -> str:
     """The prefill module's SASS (the test skips without cuobjdump)."""
     tool = _cuobjdump()

@@ -28,7 +28,7 @@ SOURCE = "sm90_fused_prefill.cu"
 GATE_UP, DOWN = "moebench_prefill_gate_up", "moebench_prefill_down"
 BLOCK_M = 64  # slots per route-plan block: the wgmma M (the .cu's BLOCK_M)
 BLOCK_N = 256  # weight rows per work item: two consumer warpgroups of 128 (the .cu's BLOCK_N)
-THREADS = 288  # two consumer warpgroups + one producer warp
+THREADS = 384  # two consumer warpgroups + a producer warpgroup (the .cu's THREADS, its launch bound)
 THREADS_CONSUMING = 256  # the two consumer warpgroups: gate_up's chained sums hold 64 floats each
 STAGES = 4  # ring depth: 4 x 40 KB, plus the down kernel's output staging, fits one CTA an SM
 # Mean slots per routed expert from which the wgmma path is taken: below it a block of 64 is
@@ -279,6 +279,19 @@ def check_cut(K: int, splits: int | None, chunk: int | None) -> None:
         _need(1 <= chunk <= tiles, f"chunk={chunk} must be in [1, K/256 = {tiles}] (w2 tiles an item)")
 
 
+def block_threads(*kernels) -> int:
+    """The block size the prefill kernels declare (their __launch_bounds__, which the driver
+    reports as the most threads a launch may take): the two consumer warpgroups and the producer,
+    one warp in builds of files before 384 threads, a warpgroup since. Both kernels must agree."""
+    sizes = sorted({int(k.attributes.max_threads_per_block) for k in kernels})
+    known = (THREADS_CONSUMING + 32, THREADS_CONSUMING + 128)
+    if len(sizes) != 1 or sizes[0] not in known:
+        from moebench.errors import UserError
+        raise UserError(f"{SOURCE}: the prefill kernels declare blocks of {sizes} threads; this host launches "
+                        f"blocks of {known[0]} or {known[1]}")
+    return sizes[0]
+
+
 def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_weights, out=None, *,
                         max_ctas: int | None = None, blocks: int | None = None,
                         splits: int | None = None, chunk: int | None = None, source=None,
@@ -333,18 +346,21 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     k1, k2 = module.kernel(names[0], dev.index), module.kernel(names[1], dev.index)
     for k in (k1, k2):
         raise_shared_limit(k, smem, dev.index)
+    # each build is launched with the block its kernels declare (__launch_bounds__): a build of an
+    # older file (288 threads, one producer warp) runs beside this one in a paired run
+    threads = block_threads(k1, k2)
     p = np.uint64
     # gate_up's zeroing of the output: its pointer and bytes, or none
     zeroing = (p(out.data_ptr()), np.int64(out.numel() * out.element_size())) if zero_out else (p(0), np.int64(0))
     plan_ptrs = [p(plan.sorted_token_ids.data_ptr()), p(plan.expert_ids.data_ptr()),
                  p(plan.num_tokens_post_padded.data_ptr())]
     i32 = np.int32
-    run1 = bind_launch(k1, grid1, (THREADS, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
+    run1 = bind_launch(k1, grid1, (threads, 1, 1), smem, w1_map, p(w.w1_scale.data_ptr()),
                        p(x.data_ptr()), p(x_scale.data_ptr()), *plan_ptrs, p(a.data_ptr()), p(a_scale.data_ptr()),
                        i32(slots), i32(top_k), i32(K), i32(N), i32(E), i32(max_blocks), i32(splits),
                        p(part.data_ptr()), p(flags.data_ptr()), *zeroing,
                        p(sync.data_ptr() if overlap else 0), i32(down_chunks))
-    run2 = bind_launch(k2, grid2, (THREADS, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
+    run2 = bind_launch(k2, grid2, (threads, 1, 1), smem, w2_map, p(w.w2_scale.data_ptr()),
                        p(a.data_ptr()), p(a_scale.data_ptr()), *plan_ptrs, p(route_w.data_ptr()), p(out.data_ptr()),
                        i32(slots), i32(top_k), i32(K), i32(I), i32(E), i32(max_blocks), i32(chunk),
                        p(sync.data_ptr() if overlap else 0), i32(grid1[0]), i32((N // 256) * splits), i32(N // 256),
@@ -356,7 +372,7 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
         run1()
         run2()
 
-    return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES,
+    return launch, out, module, dict(dims, grids=[list(grid1), list(grid2)], shared_bytes=smem, stages=STAGES, threads=threads,
                                       max_blocks=max_blocks, intermediate=(a, a_scale), splits=splits,
                                       chunk=chunk, flags=flags, overlap=overlap, sync=sync, kernels=list(names),
                                       launches=(run1, run2))  # (each kernel alone, while `launch` lives: the probe)
@@ -380,7 +396,7 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     res = {label: module.resources(name, fx.device.index) for (label, _), name in zip(KERNELS, dims["kernels"])}
     identity = {
         "path": "prefill", "kernels": dims["kernels"], "source": SOURCE, "block_m": BLOCK_M,
-        "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": THREADS,
+        "block_n": BLOCK_N, "stages": dims["stages"], "shared_bytes": dims["shared_bytes"], "threads": dims["threads"],
         "grids": dims["grids"], "items": list(work_items(blocks, s.N, s.K, dims["splits"], dims["chunk"])),
         "splits": dims["splits"], "chunk": dims["chunk"], "overlap": dims["overlap"],
         "cut_by": "arm options" if chunk or splits or overlap is not None else "split_work",

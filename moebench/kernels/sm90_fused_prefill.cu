@@ -27,8 +27,9 @@
 // down chunk), which down's item waits for; down takes the late blocks' items last. Every counter
 // and flag is 0 between launches (each flag has one reader, which lowers it; the last of down's
 // CTAs lowers the counters).
-// Plan entries are read one item ahead by every role. 288 threads: two consumer warpgroups
-// (warps 0-7) and a producer warp (warp 8). Per 128-wide K step the producer fills one of STAGES ring stages:
+// Plan entries are read one item ahead by every role. 384 threads: two consumer warpgroups
+// (warps 0-7) and a producer warpgroup whose warp 8 works (warps 9-11 leave at once). Per
+// 128-wide K step the producer fills one of STAGES ring stages:
 //   - weights, 256 rows x 128 B by four TMA boxes of 64 rows (128-byte swizzle), completing on
 //     the stage's full mbarrier by bytes. Consumer warpgroup h takes rows 128h..128h+127; in
 //     gate_up those are gate columns 64h..64h+63 of the group, then the same up columns, so a
@@ -69,7 +70,12 @@ constexpr int WG_N = 128;
 constexpr int BLOCK_K = 128;    // K per step: one FP8 scale block, one 128-byte swizzled row
 constexpr int BOX_ROWS = 64;    // rows per TMA box
 constexpr int CONSUMERS = 256;  // two warpgroups
-constexpr int THREADS = CONSUMERS + 32;
+// The producer is a warpgroup of which warp 0 works: setmaxnreg is a warpgroup's, and with it
+// ptxas allocates each role's registers apart (the consumers' K loop: 146 instructions and 8
+// uniform-register moves a step, against 164 and 16 with one producer warp among 288 threads).
+constexpr int THREADS = CONSUMERS + 128;
+constexpr int PRODUCER_REGS = 88, CONSUMER_REGS = 200;
+static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "one CTA an SM");
 constexpr int LAG = 2;          // producer steps between issuing a stage's cp.async and publishing it
 static_assert(LAG < STAGES, "the producer would wait on a stage it has not published");
 
@@ -641,10 +647,13 @@ __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_s
     mbar_fence_init();
   }
   __syncthreads();
-  if (threadIdx.x >= CONSUMERS)
-    produce<GATE_UP, OV>(p, smem, full, empty);
-  else
+  if (threadIdx.x >= CONSUMERS) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+    if (threadIdx.x < CONSUMERS + 32) produce<GATE_UP, OV>(p, smem, full, empty);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     consume<GATE_UP, OV>(p, smem, full, empty, a_out, a_scale_out, route_w, out, top_k);
+  }
 }
 
 __device__ __forceinline__ int plan_blocks(const int* num_post_padded, int max_blocks) {
