@@ -37,8 +37,10 @@
 //   - the block's 64 activation rows (x by token in gate_up, a by slot in down), gathered with
 //     16-byte cp.async into the same swizzled layout, eight lanes a 128-byte row (each sector read
 //     once), zero for padding slots; and the 64 row
-//     scales (0 for padding) and two weight-block scales. Each lane publishes its copies LAG
-//     steps later (wait_group, proxy fence, arrive), as sm90_grouped_gemm.cu does.
+//     scales (0 for padding) and two weight-block scales. Each lane's copies arrive on the stage's
+//     full barrier as they land (cp.async.mbarrier.arrive.noinc): the producer never waits on its
+//     own copies, only on the empty barriers, so it runs up to STAGES steps ahead; the consumers'
+//     proxy fence after their wait hands the copies to wgmma.
 // Each consumer warpgroup runs four m64n128k32 wgmma a stage into a fresh accumulator, waits,
 // and folds it into the FP32 accumulator times weight scale x row scale (block-scale promotion:
 // a tensor-core FP8 sum never runs past one 128-wide scale block).
@@ -76,8 +78,6 @@ constexpr int CONSUMERS = 256;  // two warpgroups
 constexpr int THREADS = CONSUMERS + 128;
 constexpr int PRODUCER_REGS = 88, CONSUMER_REGS = 200;
 static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "one CTA an SM");
-constexpr int LAG = 2;          // producer steps between issuing a stage's cp.async and publishing it
-static_assert(LAG < STAGES, "the producer would wait on a stage it has not published");
 
 constexpr int A_TILE = BLOCK_M * BLOCK_K;  // 8 KB
 constexpr int B_TILE = BLOCK_N * BLOCK_K;  // 32 KB
@@ -362,22 +362,14 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
           }
           cp_async_4(&sc[lane], ssrc[0] + kb, bytes[0]);  // the row scales of rows lane and lane + 32
           cp_async_4(&sc[lane + 32], ssrc[1] + kb, bytes[1]);
-          cp_async_commit();
-          // publish step - LAG: this lane's copies have landed; the proxy fence hands them to the
-          // async proxy (wgmma); the arrive releases them
-          if (step >= LAG) {
-            cp_async_wait_group<LAG>();
-            fence_proxy_async_smem();
-            mbar_arrive(&full[(step - LAG) % STAGES]);
-          }
+          // this lane's arrival on the stage, once its copies have landed (one of the barrier's 32 + 1)
+          cp_async_arrive_noinc(&full[s]);
         }
       }
     }
     item = next, expert = next_expert, slot_lo = next_lo, slot_hi = next_hi;
   }
   cp_async_wait_all();
-  fence_proxy_async_smem();
-  for (int i = step > LAG ? step - LAG : 0; i < step; ++i) mbar_arrive(&full[i % STAGES]);
   if (GATE_UP && OV && lane == 0 && zero_count) {
     zero_finish();
   } else if (GATE_UP && lane == 0 && zero_end > 0) {
