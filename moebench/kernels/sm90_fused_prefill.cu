@@ -73,7 +73,7 @@ constexpr int BLOCK_K = 128;    // K per step: one FP8 scale block, one 128-byte
 constexpr int BOX_ROWS = 64;    // rows per TMA box
 constexpr int CONSUMERS = 256;  // two warpgroups
 // The producer is a warpgroup of which warp 0 works: setmaxnreg is a warpgroup's, and with it
-// ptxas allocates each role's registers apart (the consumers' K loop: 146 instructions and 8
+// ptxas allocates each role's registers apart (gate_up's K loop: 146 instructions and 8
 // uniform-register moves a step, against 164 and 16 with one producer warp among 288 threads).
 constexpr int THREADS = CONSUMERS + 128;
 constexpr int PRODUCER_REGS = 88, CONSUMER_REGS = 200;
