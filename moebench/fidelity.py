@@ -68,8 +68,8 @@ def spin_cycles(us: float, sm_mhz: int | None) -> int:
 
 
 def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tuple[Unit, DeclaredKernel, int]:
-    """The workload as a Unit, its declared kernel, and the bytes it moves (`cycles`: how long
-    the spin kernel waits)."""
+    """The workload as a Unit, its declared kernel, and the bytes it moves, or for FLOPS_OPS the
+    FLOPs it runs (`cycles`: how long the spin kernel waits)."""
     if op not in OPS:
         raise UserError(f"unknown probe op {op!r} (known: {', '.join(OPS)})")
     if mib < 1:
@@ -82,8 +82,7 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
     if op == "reduce":
         return reduce_unit(mib, device)
     if op in FLOPS_OPS:
-        unit, decl, _ = flops_unit(op, device)
-        return unit, decl, 0
+        return flops_unit(op, device)
     n = mib * 2**20 // 4
     a = torch.ones(n, dtype=torch.float32, device=device)
     c = torch.empty_like(a)
@@ -266,12 +265,8 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
     backend = backend if backend is not None else cuda_backend(protocol)
     cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
-    if op in FLOPS_OPS:
-        unit, _, flops = flops_unit(op, backend.device)
-        nbytes = 0
-    else:
-        unit, _, nbytes = probe_unit(op, mib, backend.device, cycles)
-        flops = 0
+    unit, _, amount = probe_unit(op, mib, backend.device, cycles)
+    nbytes, flops = (0, amount) if op in FLOPS_OPS else (amount, 0)
     m = measure([unit], protocol, backend)
     return ProbeResult(op, nbytes, m.samples, m.audit, m.timer, tuple(m.audited_samples), flops)
 

@@ -284,11 +284,10 @@ def block_threads(*kernels) -> int:
     reports as the most threads a launch may take): the two consumer warpgroups and the producer,
     one warp in builds of files before 384 threads, a warpgroup since. Both kernels must agree."""
     sizes = sorted({int(k.attributes.max_threads_per_block) for k in kernels})
-    known = (THREADS_CONSUMING + 32, THREADS_CONSUMING + 128)
-    if len(sizes) != 1 or sizes[0] not in known:
-        from moebench.errors import UserError
-        raise UserError(f"{SOURCE}: the prefill kernels declare blocks of {sizes} threads; this host launches "
-                        f"blocks of {known[0]} or {known[1]}")
+    known = (THREADS_CONSUMING + 32, THREADS)
+    _need(len(sizes) == 1 and sizes[0] in known,
+          f"{SOURCE}: the prefill kernels declare blocks of {sizes} threads; this host launches "
+          f"blocks of {known[0]} or {known[1]}")
     return sizes[0]
 
 
