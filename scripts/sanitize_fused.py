@@ -7,7 +7,9 @@ The shape is small but walks every path of the kernel: K=2048 by default (at clu
 12 chunks a CTA through a 2-deep ring, so every buffer is reused), two requant groups
 (N=512), block_m 16 (two n-tiles), blocks with padding slots, and garbage past the padded
 total in both plan buffers. Exit status 0 only when the output matches the oracle.
-`--deterministic` sanitizes cuda-fused-det's two kernels (the workspace stores, the combine).
+`--deterministic` sanitizes cuda-fused-det's two kernels (the workspace stores, the combine);
+`--zero kernel` a launch that writes its output (NaN-poisoned first) and zeroes it itself (the
+ZERO_OUT build), `--zero launch` one behind the zeroing kernel.
 
 Racecheck runs at `--K 1024` (at the default K it does not finish in minutes): with
 `--stages 6` each CTA's 6 chunks (clusters of 4) sit in the ring without reuse; with the
@@ -43,6 +45,8 @@ def main() -> int:
     ap.add_argument("--K", type=int, default=2048, help="hidden size (a multiple of 128)")
     ap.add_argument("--max-clusters", type=int, default=None,
                     help="cap the persistent grid (fewer clusters walk more items each)")
+    ap.add_argument("--zero", choices=("kernel", "launch"), default=None,
+                    help="write the output (NaN-poisoned first), zeroed by the kernel itself or by the zeroing kernel")
     ap.add_argument("--deterministic", action="store_true",
                     help="the DETERMINISTIC build (cuda-fused-det): workspace rows, then the combine under PDL")
     return run(ap.parse_args())
@@ -64,13 +68,17 @@ def run(args) -> int:
 
     launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                   stages=args.stages, max_clusters=args.max_clusters,
-                                                  deterministic=args.deterministic)
+                                                  deterministic=args.deterministic, zero_out=args.zero is not None,
+                                                  zero=args.zero)
+    if args.zero is not None:
+        out.fill_(float("nan"))
     launch()
     torch.cuda.synchronize()
     p = compare("cuda-fused-det" if args.deterministic else "cuda-fused", fx.spec.name, out, fixture_reference(fx))
     res = module.resources("moebench_fused_moe")
     print(f"sanitize_fused: M={args.M} K={family.K} N={family.N} E={family.E} top_k={family.top_k} "
           f"block_m={dims['block_m']} cluster={dims['cluster']} stages={dims['stages']} grid={dims['grid']} smem={dims['shared_bytes']} B "
+          f"zeroing={dims['zeroing']} "
           f"regs={res.registers}: rel_l2={p.rel_l2:.3g} {'ok' if p.passed else 'FAILED: ' + p.reason()}")
     return 0 if p.passed else 1
 

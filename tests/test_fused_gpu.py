@@ -2,7 +2,8 @@
 contract (M=1, one hot expert, E=512 top-10, N=1024, garbage past the padded total,
 accumulation into a non-zero output, every block_m, a 2-deep ring, a persistent grid of 1 or
 3 clusters walking hundreds of items, one CTA an SM), with clusters of 8 and of 4 and with one
-CTA an item."""
+CTA an item; and the output written by the call, zeroed by the kernel itself (ZERO_OUT) or by
+the zeroing kernel ahead of it."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import torch
 
 from moebench.fixtures import build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
-from moebench.kernels.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, CudaFusedArm, fused_moe,
-                                        make_fused_launch, prepare_fused_weights)
+from moebench.kernels.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, ZERO_SPAN, CudaFusedArm, fused_moe,
+                                        make_fused_launch, prepare_fused_weights, zeroes_in_kernel)
 from moebench.kernels.parity import References, check_parity, compare
 
 from gpu_fixtures import cuda_fixture, with_garbage_past_the_padded_total
@@ -35,11 +36,18 @@ def weights(name: str, cluster: int = 8):
 CLUSTERS = pytest.mark.parametrize("cluster", [8, 4, 1])
 
 
-def run_fused(fx, *, block_m: int = 8, out=None, plan=None, stages=None, w=None, max_clusters=None, per_sm=None):
+def run_fused(fx, *, block_m: int = 8, out=None, plan=None, stages=None, w=None, max_clusters=None, per_sm=None,
+              zero=None):
+    """One launch adding into `out` (a zeroed one when None); with `zero` ("kernel" or "launch")
+    one writing it, the output NaN-poisoned first."""
     w = w if w is not None else prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale)
     plan = plan if plan is not None else route_plan(fx.topk_ids, fx.spec.E, block_m).to(fx.device)
-    launch, out, _, _ = make_fused_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out, stages=stages,
-                                          max_clusters=max_clusters, per_sm=per_sm)
+    launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, w, plan, fx.topk_weights, out, stages=stages,
+                                             max_clusters=max_clusters, per_sm=per_sm, zero_out=zero is not None,
+                                             zero=zero)
+    if zero is not None:
+        assert dims["zeroing"] == zero
+        out.fill_(float("nan"))
     launch()
     torch.cuda.synchronize()
     return out
@@ -56,7 +64,12 @@ def assert_parity(fx, out, label):
 def test_parity_standard_fixtures(name, cluster):
     fx = fixture(name)
     call = CudaFusedArm(cluster=cluster).prepare(fx)
-    assert call.kernels_per_sample == 2  # the output's zeroing, the fused kernel
+    # the output zeroed by the kernel itself at three CTAs an SM, else by the zeroing kernel ahead
+    in_kernel = zeroes_in_kernel(call.identity["ctas_per_sm"])
+    assert call.identity["zeroing"] == ("kernel" if in_kernel else "launch")
+    assert call.kernels_per_sample == (1 if in_kernel else 2)
+    if cluster is None:  # Q8, A128 and Q128 launch three CTAs an SM, A8 two
+        assert in_kernel == (name != "A8")
     assert call.identity["cluster"] == (cluster or DEFAULT_CLUSTER)
     if cluster is None:  # persistent launches (A128, Q128) placed load-balanced, one-round ones as default
         assert call.identity["cluster_policy"] == ("load-balancing" if name in ("A128", "Q128") else "default")
@@ -72,14 +85,18 @@ def test_parity_single_token(family, cluster):
     assert_parity(fx, run_fused(fx, w=weights(family, cluster)), f"{family[0]}1-c{cluster}")
 
 
-@CLUSTERS
-def test_parity_one_hot_expert_takes_every_token(cluster):
+def hot_expert_fixture():
     base = fixture("Q8")
     M, E, top_k = 96, base.spec.E, base.spec.top_k
     g = torch.Generator().manual_seed(12)
     others = torch.stack([torch.randperm(E - 1, generator=g)[: top_k - 1] + 1 for _ in range(M)])
     ids = torch.cat([torch.full((M, 1), 0), others], dim=1)  # expert 0 in every row: 12 blocks of 8
-    fx = derive(base, seed=12, topk_ids=ids)
+    return derive(base, seed=12, topk_ids=ids)
+
+
+@CLUSTERS
+def test_parity_one_hot_expert_takes_every_token(cluster):
+    fx = hot_expert_fixture()
     assert_parity(fx, run_fused(fx, w=weights("Q8", cluster)), f"Q96-hot-c{cluster}")
 
 
@@ -179,23 +196,56 @@ def test_accumulates_into_a_nonzero_output(cluster):
 
 
 @CLUSTERS
-@pytest.mark.parametrize("zero_out", [False, True])
+@pytest.mark.parametrize("zero", [None, "launch", "kernel"])
 @pytest.mark.parametrize("shape,clusters", [("Q128", None), ("Q128", 3), ("Q8", None)])
-def test_every_launch_does_all_the_work(shape, clusters, cluster, zero_out):
+def test_every_launch_does_all_the_work(shape, clusters, cluster, zero):
     # work after each cluster's first item comes from a ticket counter that the last cluster
     # out of work zeroes, and in launches of one round (Q8, three CTAs an SM) each busy CTA
     # takes back its SM's count: each launch of one launch object must do every item again (and,
-    # writing its output, zero all of it again: a NaN-poisoned output comes out right)
+    # writing its output, zero all of it again: a NaN-poisoned output comes out right; the
+    # kernel's own count of zeroed stripes grows by ZERO_SPAN a launch)
     fx = fixture(shape)
     plan = route_plan(fx.topk_ids, fx.spec.E, 8).to(fx.device)
     launch, out, _, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights(shape, cluster), plan,
-                                             fx.topk_weights, max_clusters=clusters, zero_out=zero_out)
+                                             fx.topk_weights, max_clusters=clusters, zero_out=zero is not None,
+                                             zero=zero)
+    assert dims["zeroing"] == zero
     for i in range(3):
-        out.fill_(float("nan") if zero_out else 0.0)
+        out.fill_(0.0 if zero is None else float("nan"))
         launch()
         torch.cuda.synchronize()
-        assert not dims["work"].any(), f"launch {i}: counters left at {dims['work'].nonzero().flatten().tolist()}"
+        work = dims["work"]
+        assert not work[:-1].any(), f"launch {i}: counters left at {work[:-1].nonzero().flatten().tolist()}"
+        assert int(work[-1]) == (ZERO_SPAN * (i + 1) if zero == "kernel" else 0)
         assert_parity(fx, out, f"{shape}-launch{i}-{clusters}cl-c{cluster}")
+
+
+@CLUSTERS
+@pytest.mark.parametrize("shape", ["A8", "Q8", "A1", "Q96-hot", "K9 (K=128)"])
+def test_the_kernel_zeroes_its_own_output(shape, cluster):
+    # ZERO_OUT at every occupancy (the policy takes it at three CTAs an SM), one CTA an item, M = 1,
+    # one hot expert, one k block: a NaN-poisoned output, written whole by the call
+    if shape == "Q96-hot":
+        fx = hot_expert_fixture()
+    elif shape == "A1":
+        fx = derive(fixture("A8"), seed=11, M=1)
+    elif shape in OTHER_DIMS:
+        fam, M, seed = OTHER_DIMS[shape]
+        fx = build_fixture(ShapeSpec(shape.split()[0], fam, M, seed=seed)).to("cuda")
+    else:
+        fx = fixture(shape)
+    w = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
+    for per_sm in ([None] if cluster == 1 else [2, 3]):
+        assert_parity(fx, run_fused(fx, w=w, per_sm=per_sm, zero="kernel"), f"{shape}-zero-kernel-{per_sm}-c{cluster}")
+
+
+def test_the_kernel_zeroes_on_a_grid_of_one_cluster_after_another_grid():
+    # the count only grows, by ZERO_SPAN a launch whatever the grid: launch objects of other
+    # grids share nothing, and one object's launches wait for their own multiple each time
+    fx = fixture("Q128")
+    for clusters in (1, None, 2):
+        assert_parity(fx, run_fused(fx, w=weights("Q128", 4), max_clusters=clusters, zero="kernel"),
+                      f"Q128-zero-kernel-{clusters}cl")
 
 
 @CLUSTERS

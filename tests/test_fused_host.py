@@ -88,6 +88,68 @@ def test_sass_has_the_instructions_we_meant(cache, tmp_path):
     assert "CALL" not in sass
 
 
+def _fused_sass(tool: str, tmp_path: Path, defines: dict[str, str]) -> str:
+    from moebench.kernels.cuda_build import compile_source
+    cubin = tmp_path / "fused.cubin"
+    cubin.write_bytes(compile_source(fused_arm.SOURCE, defines=defines).cubin)
+    return subprocess.run([tool, "-sass", "-fun", fused_arm.KERNEL_NAME, str(cubin)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_only_the_zero_out_build_zeroes_and_waits(cache, tmp_path):
+    # ZERO_OUT=1: the consumers' 16-byte zero stores, the share's release, the producer's spin on
+    # the count; the build without it (what a launch behind the zeroing kernel runs) has none of them
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    base = fused_arm.kernel_defines(8, 3, 3, 4)
+    plain = _fused_sass(tool, tmp_path, base)
+    zeroing = _fused_sass(tool, tmp_path, fused_arm.kernel_defines(8, 3, 3, 4, zero_out=True))
+    assert "ZERO_OUT" not in base and fused_arm.kernel_defines(8, 3, 3, 4, zero_out=True)["ZERO_OUT"] == "1"
+    for op in ("STG.E.128", "NANOSLEEP", "REDG.E.ADD.S32.STRONG.GPU"):
+        assert op in zeroing and op not in plain, op
+    # griddepcontrol.wait: the plain build waits for the zeroing kernel ahead, the ZERO_OUT build for nothing
+    assert "ACQBULK" in plain and "ACQBULK" not in zeroing
+    for sass in (plain, zeroing):
+        assert "CALL" not in sass and not re.search(r"\b(LDL|STL)\b", sass)
+    assert zeroing.count("MEMBAR.ALL.GPU") <= plain.count("MEMBAR.ALL.GPU") + 1 and "MEMBAR.SC" not in zeroing  # one release a CTA
+
+
+def test_zeroing_mode_follows_the_occupancy_and_the_source():
+    from moebench.kernels.kernel_source import KernelSource
+    shipped = fused_arm.shipped_source()
+    assert fused_arm.can_zero_in_kernel(shipped)
+    assert fused_policy_rule() == {1: False, 2: False, 3: True}
+    assert fused_arm.zeroing_mode(None, 3, shipped, False) == "kernel"
+    assert fused_arm.zeroing_mode(None, 2, shipped, False) == "launch"
+    assert fused_arm.zeroing_mode("kernel", 2, shipped, False) == "kernel"
+    assert fused_arm.zeroing_mode("launch", 3, shipped, False) == "launch"
+    assert fused_arm.zeroing_mode(None, 3, shipped, True) == "launch"  # (the det build's combine stores)
+    # a --build of a copy from before ZERO_OUT zeroes behind the zeroing kernel, as it did; forced, one line
+    old = KernelSource.from_text(shipped.text.replace("#ifndef ZERO_OUT", "#ifndef NOT_HERE"), "old_fused.cu")
+    assert not fused_arm.can_zero_in_kernel(old)
+    assert fused_arm.zeroing_mode(None, 3, old, False) == "launch"
+    with pytest.raises(UserError, match="old_fused.cu: no ZERO_OUT meta-parameter"):
+        fused_arm.zeroing_mode("kernel", 3, old, False)
+    with pytest.raises(UserError, match="zero='both' must be one of kernel, launch"):
+        fused_arm.zeroing_mode("both", 3, shipped, False)
+
+
+def fused_policy_rule() -> dict[int, bool]:
+    return {per_sm: fused_arm.zeroes_in_kernel(per_sm) for per_sm in (1, 2, 3)}
+
+
+def test_the_arm_checks_its_zero_option():
+    with pytest.raises(UserError, match="zero='both' must be one of kernel, launch"):
+        fused_arm.CudaFusedArm(zero="both")
+    with pytest.raises(UserError, match="cuda-fused-det: zero=kernel does not apply"):
+        fused_arm.CudaFusedDetArm(zero="kernel")
+    arm = fused_arm.CudaFusedArm(zero="kernel")  # an option of the decode kernel: it picks that path
+    assert arm.path == "decode" and arm.zero == "kernel"
+    with pytest.raises(UserError, match="zero set the decode kernel"):
+        fused_arm.CudaFusedArm(zero="kernel", chunk=2)
+
+
 def test_launch_blocks_cover_every_routing():
     from moebench.fixtures import plan_capacity
     from moebench.kernels.fused_arm import launch_blocks
@@ -440,6 +502,10 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
                         d = fused_arm.kernel_defines(bm, stages, per_sm, cluster, det)
                         if (fused_arm.SOURCE, d) not in out:
                             out.append((fused_arm.SOURCE, d))
+                        # the ZERO_OUT build the rule takes (zero=kernel forces it at any occupancy)
+                        z = fused_arm.kernel_defines(bm, stages, per_sm, cluster, zero_out=True)
+                        if not det and fused_arm.zeroes_in_kernel(per_sm) and (fused_arm.SOURCE, z) not in out:
+                            out.append((fused_arm.SOURCE, z))
     for cluster in fused_arm.CLUSTERS:  # the sanitizer's
         out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):

@@ -14,15 +14,16 @@ checks fused_checks'; this module builds, launches and registers the arm. Calls 
 average many tokens take fused_prefill's two FP8 wgmma kernels instead, and a band between the
 two (wide K, 14 to 20 slots an expert) the Swap-AB grouped GEMMs of cuda-swapab, unless the pair
 runs its two kernels overlapped there (`choose_path`; the call's identity says which path ran and
-why). The arm's call writes its whole output: the
-kernels add into it, so on the decode path a zeroing kernel runs ahead of the fused one (its
-programmatic dependent), and on the prefill path gate_up zeroes it.
+why). The arm's call writes its whole output: the kernels add into it, so on the decode path
+the fused kernel zeroes it itself (at three CTAs an SM) or a zeroing kernel runs ahead of it (its
+programmatic dependent) (`fused_policy.zeroes_in_kernel`), and on the prefill path gate_up zeroes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass
 
 import torch
@@ -39,10 +40,10 @@ from moebench.kernels.fused_prefill import BLOCK_M as PREFILL_BLOCK_M
 from moebench.kernels.fused_prefill import (GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS,
                                             choose_path, prefill_overlaps, prepare_prefill_call)
 from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
-                                           SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, choose_stages,
+                                           SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, ZERO_MODES, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
                                            deterministic_occupancies, kernel_defines, launch_blocks, meta_bytes, occupancies,
-                                           pick_occupancy, shared_bytes, x_row)
+                                           pick_occupancy, shared_bytes, x_row, zeroes_in_kernel)
 from moebench.kernels.kernel_source import KernelSource
 
 SOURCE = "sm90_fused_moe.cu"
@@ -51,6 +52,9 @@ COMBINE_NAME = "moebench_fused_moe_combine"  # the deterministic build's second 
 COMBINE_THREADS = 128  # the .cu's COMBINE_THREADS
 ZERO_NAME = "moebench_zero_out"  # zeroes the output ahead of the fused kernel, when the call writes it
 ZERO_CTAS = 264
+ZERO_SPAN = 1024  # the .cu's: what a ZERO_OUT launch adds to its count of zeroed stripes (at least the grid)
+WORK_INTS = 2 + 256 + 1  # the kernel's counters: tickets, busy CTAs per SM, then (ZERO_OUT) the zeroed stripes
+_ZERO_OUT_RE = re.compile(r"^\s*#\s*ifndef\s+ZERO_OUT\b", re.MULTILINE)
 
 
 # ------------------------------------------------------------------------------ build and launch shape
@@ -58,11 +62,32 @@ ZERO_CTAS = 264
 
 @functools.lru_cache(maxsize=None)
 def build_fused(source: KernelSource, block_m: int, stages: int, per_sm: int | None, cluster: int,
-                deterministic: bool = False):
+                deterministic: bool = False, zero_out: bool = False):
     """The module `source` compiles to for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda_build import compile_source
     per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
-    return compile_source(source, defines=kernel_defines(block_m, stages, per_sm, cluster, deterministic))
+    return compile_source(source, defines=kernel_defines(block_m, stages, per_sm, cluster, deterministic, zero_out))
+
+
+def can_zero_in_kernel(source: KernelSource) -> bool:
+    """Whether `source` has the ZERO_OUT meta-parameter (a --build of an older copy has not: it
+    zeroes behind the zeroing kernel, as it did)."""
+    return _ZERO_OUT_RE.search(source.text) is not None
+
+
+def zeroing_mode(zero: str | None, per_sm: int, source: KernelSource, deterministic: bool) -> str:
+    """Who zeroes the output of a decode call that writes it: "kernel" (the fused kernel's
+    ZERO_OUT build) or "launch" (the zeroing kernel ahead of it); `zero` forces one, else
+    `zeroes_in_kernel`. The deterministic build's combine stores its sums: nothing to zero."""
+    if deterministic:
+        _need(zero is None, "cuda-fused-det: zero=... does not apply (the combine writes the output)")
+        return "launch"
+    if zero is None:
+        return "kernel" if zeroes_in_kernel(per_sm) and can_zero_in_kernel(source) else "launch"
+    _need(zero in ZERO_MODES, f"cuda-fused: zero={zero!r} must be one of {', '.join(ZERO_MODES)}")
+    _need(zero == "launch" or can_zero_in_kernel(source),
+          f"{source.origin or source.filename}: no ZERO_OUT meta-parameter (zero=kernel needs the kernel to zero its output)")
+    return zero
 
 
 def shipped_source() -> KernelSource:
@@ -145,11 +170,13 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
                       out: torch.Tensor | None = None, *, stages: int | None = None,
                       per_sm: int | None = None, max_clusters: int | None = None,
                       items: int | None = None, source: KernelSource | None = None,
-                      deterministic: bool = False, zero_out: bool = False):
+                      deterministic: bool = False, zero_out: bool = False, zero: str | None = None):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream, adding
-    into `out`; with `zero_out` the launch writes `out` instead (a zeroing kernel ahead of the
-    fused one, its programmatic dependent; the deterministic build's combine stores its sums).
+    into `out`; with `zero_out` the launch writes `out` instead: the fused kernel zeroes it first
+    (its ZERO_OUT build) or a zeroing kernel runs ahead of it (its programmatic dependent), as
+    `zeroing_mode` picks from `zero` ("kernel", "launch", None: the policy's rule) and dims["zeroing"]
+    says; the deterministic build's combine stores its sums.
     With neither `stages` nor `per_sm` given, the occupancy is picked for `items` work items
     (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
     cluster size is the one `weights` were laid out for. The kernel is compiled from `source`
@@ -162,8 +189,9 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     if out is None:
         out = torch.zeros(dims["M"], dims["K"], dtype=torch.bfloat16, device=x.device)
     # The kernel's work counters: zero at every launch (the last cluster out of work resets the
-    # tickets, each CTA takes back its SM's count), so one launch of this object in flight at a time.
-    work = torch.zeros(2 + 256, dtype=torch.int32, device=x.device)  # tickets, then busy CTAs per SM
+    # tickets, each CTA takes back its SM's count), so one launch of this object in flight at a time;
+    # the last (ZERO_OUT's count of zeroed stripes) only grows, a multiple of ZERO_SPAN between launches.
+    work = torch.zeros(WORK_INTS, dtype=torch.int32, device=x.device)
     bm, K, cluster = dims["block_m"], dims["K"], weights.cluster
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
@@ -180,6 +208,16 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     clusters = min(resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
+    zeroing = None if not zero_out else zeroing_mode(zero, per_sm, source or shipped_source(), deterministic)
+    if zeroing == "kernel":
+        # the same launch from the ZERO_OUT build (the same shared memory and launch bounds: the
+        # residency above holds); its stripes are counted in 32-bit 16-byte units
+        from moebench.kernels.cuda_launch import raise_shared_limit
+        _need(grid[0] <= ZERO_SPAN, f"cuda-fused: zero=kernel needs a grid of at most {ZERO_SPAN} CTAs")
+        _need(dims["M"] * K // 8 < 2**31, "cuda-fused: zero=kernel needs an output below 32 GiB")
+        module = build_fused(source or shipped_source(), bm, stages, per_sm, cluster, False, True)
+        kernel = module.kernel(KERNEL_NAME, x.device.index)
+        raise_shared_limit(kernel, smem, x.device.index)
     # Deterministic: every routed slot's rows of the workspace are written by each launch; rows of
     # slots in skipped blocks (an expert outside [0, E)) stay the zeros they start as.
     ws = torch.zeros(plan.num_slots * G, K, dtype=torch.bfloat16, device=x.device) if deterministic else None
@@ -189,8 +227,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
     args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
-    zeroing = zero_out and ws is None
-    run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args, pdl=zeroing)
+    behind_zero = zeroing == "launch" and ws is None  # the zeroing kernel's programmatic dependent
+    run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args, pdl=behind_zero)
     if ws is not None:
         fused_run, combine = run, bind_combine(module, x.device.index, ws, out, dims["M"], dims["top_k"], G, K,
                                                accumulate=not zero_out)
@@ -198,11 +236,11 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
         def run() -> None:
             fused_run()
             combine()
-    elif zeroing:
-        fused_run, zero = run, bind_zero(module, x.device.index, out)
+    elif behind_zero:
+        fused_run, zero_run = run, bind_zero(module, x.device.index, out)
 
         def run() -> None:
-            zero()
+            zero_run()
             fused_run()
     keep = (x, x_scale, weights, plan, topk_weights, out, work, ws)  # the pointers stay valid while launch lives
     device = x.device.index
@@ -214,7 +252,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
         run()
 
     return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid, per_sm=per_sm,
-                                      cluster_policy=policy,
+                                      cluster_policy=policy, zeroing=None if ws is not None else zeroing,
                                       max_blocks=max_blocks, cluster=cluster, work=work, workspace=ws)
 
 
@@ -260,6 +298,7 @@ def fused_moe(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_weights,
 
 
 FUSED_KERNELS = (KernelDecl("zero", ZERO_NAME, 1), KernelDecl("fused", r"moebench_fused_moe", 1))
+FUSED_ZEROING_KERNELS = (KernelDecl("fused", r"moebench_fused_moe", 1),)  # the ZERO_OUT build: one kernel
 FUSED_DET_KERNELS = (KernelDecl("fused", r"moebench_fused_moe(?!_combine)", 1),
                      KernelDecl("combine", r"moebench_fused_moe_combine", 1))
 
@@ -280,7 +319,7 @@ class CudaFusedArm(Arm):
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
                  source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None,
-                 overlap: int | None = None, prefill_source: KernelSource | None = None):
+                 overlap: int | None = None, prefill_source: KernelSource | None = None, zero: str | None = None):
         if path is not None and path not in PATHS:
             raise UserError(f"cuda-fused: path={path!r} must be one of {', '.join(PATHS)}")
         if cluster is not None and cluster not in CLUSTERS:
@@ -292,6 +331,12 @@ class CudaFusedArm(Arm):
                 raise UserError(f"cuda-fused: {key}={value!r} must be a whole number of at least 1")
         if overlap is not None and (isinstance(overlap, bool) or overlap not in (0, 1)):
             raise UserError(f"cuda-fused: overlap={overlap!r} must be 0 or 1")
+        if zero is not None and zero not in ZERO_MODES:
+            raise UserError(f"cuda-fused: zero={zero!r} must be one of {', '.join(ZERO_MODES)}")
+        if zero is not None and self.deterministic:
+            raise UserError(f"{self.name}: zero={zero} does not apply (the combine writes the output)")
+        # who zeroes the decode kernel's output (fused_policy.zeroes_in_kernel when None)
+        self.zero = zero
         # the prefill kernels' work cut (fused_prefill.split_work and overlap_down when None):
         # down's w2 tiles an item, gate_up's K ranges a (block, group), down beside gate_up's last round
         self.chunk, self.splits, self.overlap = chunk, splits, overlap
@@ -299,7 +344,8 @@ class CudaFusedArm(Arm):
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
         self.max_clusters = max_clusters
         self.source = source or shipped_source()
-        tuned = [k for k in ("block_m", "stages", "per_sm", "cluster", "max_clusters") if getattr(self, k) is not None]
+        tuned = [k for k in ("block_m", "stages", "per_sm", "cluster", "max_clusters", "zero")
+                 if getattr(self, k) is not None]
         if path in ("prefill", "grouped") and tuned:
             raise UserError(f"cuda-fused: {', '.join(tuned)} set the decode kernel; path={path} does not launch it")
         # what keeps the prefill kernels from running, if anything
@@ -375,7 +421,8 @@ class CudaFusedArm(Arm):
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
                                                       max_clusters=self.max_clusters, source=self.source,
-                                                      deterministic=self.deterministic, zero_out=True)
+                                                      deterministic=self.deterministic, zero_out=True,
+                                                      zero=self.zero)
         res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
             "path": "decode", "path_rule": rule,
@@ -386,9 +433,13 @@ class CudaFusedArm(Arm):
             "items": items, "build": module.build.to_dict(), "deterministic": self.deterministic,
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
             "output": ("written: the combine stores its sums" if self.deterministic else
+                       "written: the fused kernel zeroes it (ZERO_OUT), then adds into it"
+                       if dims["zeroing"] == "kernel" else
                        f"written: {ZERO_NAME} zeroes it, the fused kernel adds into it"),
+            "zeroing": dims["zeroing"], "zeroing_chosen_by": "zero" if self.zero is not None else "rule",
         }
-        kernels = FUSED_DET_KERNELS if self.deterministic else FUSED_KERNELS
+        kernels = (FUSED_DET_KERNELS if self.deterministic else
+                   FUSED_ZEROING_KERNELS if dims["zeroing"] == "kernel" else FUSED_KERNELS)
         return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels,
                             identity=identity, workspace=dims["workspace"])
 

@@ -101,13 +101,27 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
 
 
 def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int,
-                   deterministic: bool = False) -> dict[str, str]:
-    """The .cu's meta-parameters for one build (DETERMINISTIC only where chosen, so the default
-    build's identity does not change)."""
+                   deterministic: bool = False, zero_out: bool = False) -> dict[str, str]:
+    """The .cu's meta-parameters for one build (DETERMINISTIC and ZERO_OUT only where chosen, so
+    the default build's identity does not change)."""
     d = {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm), "CLUSTER": str(cluster)}
     if deterministic:
         d["DETERMINISTIC"] = "1"
+    if zero_out:
+        d["ZERO_OUT"] = "1"
     return d
+
+
+ZERO_MODES = ("kernel", "launch")  # who zeroes an output the call writes: the fused kernel, or a kernel ahead
+
+
+def zeroes_in_kernel(per_sm: int) -> bool:
+    """Whether a decode launch that writes its output zeroes it itself (the kernel's ZERO_OUT)
+    rather than behind a zeroing kernel it is the programmatic dependent of. At three CTAs an SM
+    the kernel's own stripes were faster (Q8, A128, Q128); at two slower (A1, A8, Q1), by more
+    than the zeroing kernel costs, for a reason not located (docs/kernels.md, "The output,
+    written in the call")."""
+    return per_sm >= 3
 
 
 def deterministic_occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]:

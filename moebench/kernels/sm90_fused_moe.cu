@@ -82,6 +82,16 @@
 // CTAs' start, which placed them beside running CTAs, left 1 µs more past this grid's end at A8:
 // experiments/cuda-fused-det-late-trigger.json.gz); it waits for that end before it reads.
 //
+// ZERO_OUT (0 or 1, the host's choice per launch: fused_policy.zeroes_in_kernel). At 1 the launch
+// writes its output rather than adding into it, and zeroes it itself: no zeroing kernel ahead.
+// Each CTA's consumers zero stripe blockIdx.x of the output once the set-up is done, and one of
+// them adds the CTA's share to a count that only grows (work[ZERO_COUNT]: a launch adds ZERO_SPAN
+// in all, so between launches it is a multiple of ZERO_SPAN); the producer read it at entry,
+// before any share of this launch could be its own CTA's, and before its first GEMM2 chunk may
+// complete it waits (acquire) for the launch's multiple: every stripe is zero before any
+// reduction. The chunk's copy goes out before the wait, its arrival after it. Like the prefill
+// kernels' chained counters, it needs every CTA of the persistent grid resident at once.
+//
 // The kernel body is the sequence of its stages: set-up, then the producer warp
 // (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
 // its epilogue reduce_out), then the cluster's final barrier.
@@ -121,10 +131,14 @@
 #ifndef DETERMINISTIC
 #define DETERMINISTIC 0
 #endif
+#ifndef ZERO_OUT
+#define ZERO_OUT 0
+#endif
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
 static_assert(CLUSTER == 1 || CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 1, 4 or 8");
+static_assert(!(DETERMINISTIC && ZERO_OUT), "the deterministic build's combine writes the output: nothing to zero");
 
 // Behaviour that follows from the meta-parameters (not switches):
 // In launches of one round (no more items than clusters) the producer issues chunk g >= STAGES
@@ -153,6 +167,10 @@ constexpr int MMA_CHAINS = !DETERMINISTIC && BLOCK_M == 16 && MIN_CTAS_PER_SM >=
 static_assert(!(DETERMINISTIC && BLOCK_M == 16 && MIN_CTAS_PER_SM >= 3),
               "the deterministic build: two accumulator chains spill at BLOCK_M 16 with three CTAs an SM");
 static_assert(LAG <= STAGES && EARLY_CHUNKS <= STAGES, "the lag and the early chunks wait on chunks still in the ring");
+// ZERO_OUT: the count of zeroed stripes, after the tickets and the per-SM counts in `work`; what a
+// launch adds to it in all (a power of two, at least the grid: CTA 0 adds what the others do not).
+constexpr int ZERO_COUNT = 2 + 256;
+constexpr int ZERO_SPAN = 1024;
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -286,6 +304,22 @@ __device__ __forceinline__ void mbar_arrive_remote(u32 rbar) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(rbar) : "memory");
 }
 
+__device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void red_release_add_gpu(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
     int old;
     asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -376,7 +410,8 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 //   red    8 x 16 x BLOCK_M floats GEMM1's per-warp partial sums (none at CLUSTER 1)
 //   aq     BLOCK_M x 144 bytes     the FP8 intermediate
 //   stg    8 x 8 x 20 floats       per-warp epilogue staging (rows -> 8 columns per lane)
-//   meta   2 x META bytes          per item: expert, group, (unused), valid tokens; token (its
+//   meta   2 x META bytes          per item: expert, group, (ZERO_OUT, slot 0: the count of zeroed
+//                                  stripes item 0's first GEMM2 chunk waits for), valid tokens; token (its
 //                                  slot from the requant on, DETERMINISTIC), route weight,
 //                                  requant scale x route weight (DETERMINISTIC: the slot until
 //                                  the requant) [BLOCK_M]; activation scales
@@ -534,6 +569,38 @@ __device__ __forceinline__ void set_up(u8* smem_base, int K, int tid) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     cluster_arrive_relaxed();  // "this CTA's barriers exist": waited on before the first DSMEM store
+}
+
+// ---- ZERO_OUT. At entry the producer warp reads the count of zeroed stripes (no share of this
+// launch is its own CTA's yet: the consumers add it after the set-up's barrier) and keeps the
+// multiple of ZERO_SPAN that this launch's shares complete (the count wraps at 2^32: compared by
+// difference).
+__device__ __forceinline__ int zero_target_at_entry(const Args& a) {
+    const u32 base = static_cast<u32>(ld_relaxed_gpu(a.work + ZERO_COUNT)) & ~(ZERO_SPAN - 1u);
+    return static_cast<int>(base + ZERO_SPAN);
+}
+
+// The consumers zero this CTA's stripe of the output (16-byte stores), then one of them adds the
+// CTA's share to the count: the consumers' barrier orders every consumer's stores before that
+// thread's release (cumulative), so no fence of its own (a sequentially consistent one would hold
+// warp 0, and the CTA's first chunks with it, until its stores are acknowledged).
+__device__ __forceinline__ void zero_stripe(const Args& a, int tid) {
+    const u32 n16 = static_cast<u32>(a.num_slots / a.top_k) * static_cast<u32>(a.K >> 3);  // [M, K] BF16 in 16 B
+    const u32 per = (n16 + gridDim.x - 1) / gridDim.x;
+    const u32 lo = min(n16, blockIdx.x * per), hi = min(n16, lo + per);
+    uint4* o = reinterpret_cast<uint4*>(a.out);
+    for (u32 i = lo + tid; i < hi; i += CONSUMERS) o[i] = make_uint4(0u, 0u, 0u, 0u);
+    named_sync_consumers();
+    if (tid == 0)
+        red_release_add_gpu(a.work + ZERO_COUNT, blockIdx.x == 0 ? ZERO_SPAN - static_cast<int>(gridDim.x - 1) : 1);
+}
+
+// The producer, before its first GEMM2 chunk may complete: every stripe of this launch is zero.
+// The whole warp waits (a lane spinning alone stalls compute-sanitizer).
+__device__ __forceinline__ void wait_for_zeroed_output(const Args& a, int target) {
+    while (static_cast<int>(static_cast<u32>(ld_acquire_gpu(a.work + ZERO_COUNT)) - static_cast<u32>(target)) < 0)
+        __nanosleep(32);
+    __syncwarp();
 }
 
 // ---- the producer warp (warp 8). Item n's chunks stream into the ring while item n + 1's meta
@@ -803,12 +870,22 @@ struct Producer {
                     bulk_copy(smem_u32(sm.xring + (st * BLOCK_M + r) * X_ROW),
                               a.x + static_cast<size_t>(t) * K + j * KBC * GROUP, abytes, sm.full + 8 * st);
             }
-        } else if (lane == 0) {
-            const u8* w2_cta = a.w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
-            const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
-            mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
-            bulk_copy_once(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
-                           wbytes, sm.full + 8 * st);
+        } else {
+            // ZERO_OUT: the CTA's first GEMM2 chunk (item 0's) goes out now, its arrival once the
+            // output is zero
+            const bool gate = ZERO_OUT && n == 0 && j == n1;
+            if (lane == 0) {
+                const u8* w2_cta = a.w2f + cta * (GROUP / CLUSTER) * static_cast<size_t>(K);  // K/CLUSTER rows x 128
+                const u32 wbytes = min(CHUNK_TILES, mt2 - CHUNK_TILES * (j - n1)) * 2048;
+                if (gate) mbar_expect_tx(sm.full + 8 * st, wbytes);
+                else mbar_arrive_expect_tx(sm.full + 8 * st, wbytes);
+                bulk_copy_once(smem_u32(sm.ring + st * CHUNK_BYTES), w2_cta + static_cast<size_t>(j - n1) * CHUNK_BYTES,
+                               wbytes, sm.full + 8 * st);
+            }
+            if (gate) {
+                wait_for_zeroed_output(a, m.hdr[2]);
+                if (lane == 0) mbar_arrive(sm.full + 8 * st);
+            }
         }
         ++gc;
     }
@@ -886,8 +963,13 @@ struct Producer {
     }
 };
 
-__device__ __forceinline__ void produce_items(const Args& a, u8* smem_base, const FirstTrip& first, const Place& p) {
+__device__ __forceinline__ void produce_items(const Args& a, u8* smem_base, const FirstTrip& first, const Place& p,
+                                              int zero_target) {
     Producer producer(a, smem_base, first, p);
+    if constexpr (ZERO_OUT) {  // kept in item 0's meta slot, not in a register through the stream
+        if (p.lane == 0) meta_at(producer.sm.meta, producer.KB).hdr[2] = zero_target;
+        __syncwarp();
+    }
     const int pre = producer.start();
     producer.stream(pre);
     producer.finish();
@@ -1202,7 +1284,7 @@ __device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, cons
         requant(c, m);
         // The output's zeroing kernel, launched ahead of this one (moebench_zero_out), has ended
         // before this thread's first reduction into the output (no-op when there is none)
-        if constexpr (!DETERMINISTIC) {
+        if constexpr (!DETERMINISTIC && !ZERO_OUT) {
             if (n == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
         }
         gemm2(c, m);
@@ -1233,7 +1315,8 @@ moebench_fused_moe(
     // every row of a routed slot written once)
     unsigned short* __restrict__ out,
     // work counters: [0] tickets taken, [1] clusters out of work, [2 + smid] busy CTAs on SM smid
-    // (one-round launches, CROWD_LAG); zero at launch, zero after
+    // (one-round launches, CROWD_LAG); zero at launch, zero after. [ZERO_COUNT] (ZERO_OUT): the
+    // zeroed stripes, a multiple of ZERO_SPAN between launches
     int* __restrict__ work,
     // max_blocks: plan blocks any routing can fill (the host's bound on expert_ids reads);
     // G: requant groups of the intermediate (I / 128)
@@ -1247,9 +1330,14 @@ moebench_fused_moe(
                   static_cast<int>(gridDim.x / CLUSTER)};
     FirstTrip first;
     if (FIRST_AT_ENTRY && p.warp == 8) first_trip_at_entry(first, a, p);
+    const int zero_target = ZERO_OUT && p.warp == 8 ? zero_target_at_entry(a) : 0;
     set_up(smem_base, K, tid);
-    if (p.warp == 8) produce_items(a, smem_base, first, p);
-    else consume_items(a, smem_base, p);
+    if (p.warp == 8) {
+        produce_items(a, smem_base, first, p, zero_target);
+    } else {
+        if constexpr (ZERO_OUT) zero_stripe(a, tid);
+        consume_items(a, smem_base, p);
+    }
     if constexpr (DETERMINISTIC) asm volatile("griddepcontrol.launch_dependents;");  // the combine
     // No CTA leaves while another may still store into its shared memory or barriers.
     cluster_arrive_release();
