@@ -1,6 +1,6 @@
 """The failures only a GPU machine meets, each turned into one line that says what happened
-and what to do: out of GPU memory, CUPTI unavailable or taken by another profiler, arms that
-fail the oracle, a failed audit.
+and what to do: out of GPU memory, a kernel that faults (an illegal instruction or address in a
+build), CUPTI unavailable or taken by another profiler, arms that fail the oracle, a failed audit.
 
 Small functions over exceptions and records, so the run can call them where the failure
 happens and CPU tests can inject the failure. Nothing here touches a device.
@@ -77,6 +77,34 @@ def gpu_memory_guard(what: str, need_bytes: int | None = None, device=None) -> I
             pass
         free, total = _memory_info(device)
         raise out_of_memory(what, need_bytes, free, total) from None
+
+
+# ---------------------------------------------------------------------------- kernel faults
+
+# The CUDA runtime's and driver's names for a kernel that faulted: the context is lost with it.
+_FAULTS = ("illegal instruction", "illegal memory access", "misaligned address", "unspecified launch failure",
+           "an illegal address", "hardware stack error", "invalid program counter", "CUDA_ERROR_ILLEGAL",
+           "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS", "device-side assert")
+
+
+def is_kernel_fault(err: BaseException) -> bool:
+    """A kernel's fault as torch (AcceleratorError, RuntimeError) or cuda.core report it."""
+    text = str(err)
+    return not isinstance(err, (UserError, RunFailed)) and any(k in text for k in _FAULTS)
+
+
+@contextlib.contextmanager
+def kernel_fault_guard(what: str) -> Iterator[None]:
+    """Inside the block, a kernel's fault is one line naming `what` (RunFailed, exit 1): the
+    process's CUDA context is lost with it, so the run cannot go on."""
+    try:
+        yield
+    except Exception as err:
+        if not is_kernel_fault(err):
+            raise
+        raise RunFailed(f"{what}: a kernel faulted ({_first_line(err)}); the CUDA context is lost, "
+                        "nothing more runs in this process (compute-sanitizer names the kernel and the access)"
+                        ) from None
 
 
 def tensor_bytes(tensors: Iterable) -> int:

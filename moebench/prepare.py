@@ -19,7 +19,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.failures import (  # noqa: F401  (RunFailed: raised here, caught by the CLI)
-    ParityFailure, RunFailed, excluded_line, gpu_memory_guard, parity_exclusions, tensor_bytes)
+    ParityFailure, RunFailed, excluded_line, gpu_memory_guard, kernel_fault_guard, parity_exclusions, tensor_bytes)
 from moebench.fixtures import Fixture, build_fixture
 from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
@@ -98,12 +98,13 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
             log(f"{spec.name}: preparing {arm.name}")
-            with gpu_memory_guard(f"preparing {arm.name} at {spec.name}", size, device):
+            with gpu_memory_guard(f"preparing {arm.name} at {spec.name}", size, device), \
+                    kernel_fault_guard(f"{arm.name} at {spec.name}"):
                 try:
                     call = arm.prepare(fx)
                 except CudaBuildError as err:  # a build's source NVRTC rejects: one line, the log saved
                     raise UserError(f"{arm.name} at {spec.name}: {err.one_line()}") from None
-            par = check_parity(call, refs, spec.name)
+                par = check_parity(call, refs, spec.name)
             parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
                                   rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:

@@ -1,9 +1,11 @@
 """The GPU-only failures, injected on the CPU: each ends as one line. Out of GPU memory (with
-the fixture's size), an arm failing the oracle (a stop, or left out with --keep-going), a
-failed audit (exit 1, the result kept and marked)."""
+the fixture's size), a kernel that faults in its oracle check (exit 1, the arm and shape named),
+an arm failing the oracle (a stop, or left out with --keep-going), a failed audit (exit 1, the
+result kept and marked)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,8 +17,8 @@ import torch
 from test_run_cli import _FakeArm, backend
 
 from moebench.errors import UserError
-from moebench.failures import (ParityFailure, RunFailed, audit_failure, gpu_memory_guard, is_out_of_memory,
-                               out_of_memory, parity_exclusions)
+from moebench.failures import (ParityFailure, RunFailed, audit_failure, gpu_memory_guard, is_kernel_fault,
+                               is_out_of_memory, kernel_fault_guard, out_of_memory, parity_exclusions)
 from moebench.kernels.registry import ARMS, add_arm
 from moebench.results.formats import FORMATS
 from moebench.results.store import load
@@ -36,6 +38,45 @@ class _OomArm(_FakeArm):
 
 if "fake-oom" not in ARMS:
     add_arm("fake-oom", _OomArm)
+
+
+class _FaultArm(_FakeArm):
+    """A build whose kernel faults on its first call (what torch raises after the launch)."""
+    name = "fake-fault"
+
+    def prepare(self, fx):
+        call = super().prepare(fx)
+
+        def run():
+            raise torch.AcceleratorError("CUDA error: an illegal instruction was encountered\n"
+                                         "CUDA kernel errors might be asynchronously reported at some other API call")
+        return dataclasses.replace(call, run=run)
+
+
+if "fake-fault" not in ARMS:
+    add_arm("fake-fault", _FaultArm)
+
+
+def test_a_kernel_fault_is_recognized_and_nothing_else_is():
+    assert is_kernel_fault(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert is_kernel_fault(RuntimeError("CUDA error: misaligned address"))
+    assert is_kernel_fault(RuntimeError("CUDA_ERROR_ILLEGAL_INSTRUCTION: an illegal instruction was encountered"))
+    assert not is_kernel_fault(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_kernel_fault(UserError("cuda-x: an illegal instruction in the name"))
+    with pytest.raises(KeyError):
+        with kernel_fault_guard("x"):
+            raise KeyError("w1")
+
+
+def test_a_run_whose_build_faults_says_which_arm_at_which_shape_in_one_line(tmp_path):
+    req = RunRequest(shapes=("T8",), arms=("fake-ref", "fake-fault"), rounds=1, samples=1, warmup=0,
+                     out_dir=str(tmp_path))
+    with pytest.raises(RunFailed) as err:
+        run(req, backend())
+    text = str(err.value)
+    _one_line(text)
+    assert text.startswith("fake-fault at T8: a kernel faulted (CUDA error: an illegal instruction was encountered)")
+    assert "context is lost" in text and err.value.exit_code == 1
 
 
 def test_out_of_memory_inside_the_guard_is_one_line_with_the_size():
