@@ -1,7 +1,7 @@
 """Graph sampling on a GPU: real arms captured and replayed with their kernels audited, and
 the L2 proven cold under replay (the flush in the graph does its work)."""
 
-from statistics import median
+from statistics import median, quantiles
 
 import pytest
 import torch
@@ -37,8 +37,10 @@ def test_l2_is_cold_under_graph_replay():
     cold_eager = read_times("eager", "read")
     # replay after replay, the read never finds its lines in L2: no faster than an eager cold read
     assert median(cold_graph) >= 0.9 * median(cold_eager)
-    # and the test can tell: without the flush in the graph, the second replay on hits L2
-    assert median(warm_graph) < 0.8 * median(cold_graph)
+    # and the test can tell: without the flush in the graph, the second replay on hits L2; the two
+    # sets of samples do not overlap (9th decile warm below 1st decile cold; on an H200 the medians
+    # were 7.3 and 9.1 us, too close for a fixed 20% margin)
+    assert quantiles(warm_graph, n=10)[-1] < quantiles(cold_graph, n=10)[0]
 
 
 def test_real_arms_captured_replayed_and_audited(tmp_path):
