@@ -68,15 +68,20 @@ def test_a_kernel_fault_is_recognized_and_nothing_else_is():
             raise KeyError("w1")
 
 
-def test_a_run_whose_build_faults_says_which_arm_at_which_shape_in_one_line(tmp_path):
-    req = RunRequest(shapes=("T8",), arms=("fake-ref", "fake-fault"), rounds=1, samples=1, warmup=0,
-                     out_dir=str(tmp_path))
-    with pytest.raises(RunFailed) as err:
+def _run_stops(arm: str, error: type, tmp_path) -> BaseException:
+    """The one-line error a run of `arm` beside fake-ref at T8 stops with."""
+    req = RunRequest(shapes=("T8",), arms=("fake-ref", arm), rounds=1, samples=1, warmup=0, out_dir=str(tmp_path))
+    with pytest.raises(error) as err:
         run(req, backend())
-    text = str(err.value)
-    _one_line(text)
+    _one_line(str(err.value))
+    return err.value
+
+
+def test_a_run_whose_build_faults_says_which_arm_at_which_shape_in_one_line(tmp_path):
+    err = _run_stops("fake-fault", RunFailed, tmp_path)
+    text = str(err)
     assert text.startswith("fake-fault at T8: a kernel faulted (CUDA error: an illegal instruction was encountered)")
-    assert "context is lost" in text and err.value.exit_code == 1
+    assert "context is lost" in text and err.exit_code == 1
 
 
 def test_out_of_memory_inside_the_guard_is_one_line_with_the_size():
@@ -108,12 +113,7 @@ def test_out_of_memory_is_recognized_in_its_forms():
 
 
 def test_a_run_whose_arm_runs_out_of_memory_says_which_arm_at_which_shape_and_the_size(tmp_path):
-    req = RunRequest(shapes=("T8",), arms=("fake-ref", "fake-oom"), rounds=1, samples=1, warmup=0,
-                     out_dir=str(tmp_path))
-    with pytest.raises(UserError) as err:
-        run(req, backend())
-    text = str(err.value)
-    _one_line(text)
+    text = str(_run_stops("fake-oom", UserError, tmp_path))
     assert "out of GPU memory preparing fake-oom at T8" in text and "the fixture's tensors take 0.00 GB" in text
 
 

@@ -96,6 +96,8 @@
 // (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
 // its epilogue reduce_out), then the cluster's final barrier.
 
+#include "sm90_sync.cuh"
+
 #ifndef BLOCK_M
 #define BLOCK_M 8
 #endif
@@ -302,22 +304,6 @@ __device__ __forceinline__ void st_async_v4(u32 raddr, float4 v, u32 rbar) {
 // release would wait for this thread's BF16 reductions in flight: MEMBAR.GPU per item).
 __device__ __forceinline__ void mbar_arrive_remote(u32 rbar) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(rbar) : "memory");
-}
-
-__device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
-    int v;
-    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void red_release_add_gpu(int* p, int v) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {

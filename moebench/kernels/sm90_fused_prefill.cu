@@ -61,6 +61,7 @@
 // 2 x 64 x 256 x 128 = 4.2 MFLOP: 2 x BLOCK_M FLOP a weight byte.
 
 #include "sm90_common.cuh"
+#include "sm90_sync.cuh"
 
 #ifndef STAGES
 #define STAGES 4
@@ -112,20 +113,6 @@ __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __e
 __device__ __forceinline__ void red_add_bf16x8(uint16_t* out, uint4 v) {
   asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};"
                :: "l"(out), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void red_release_add_gpu(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
 // Spins until *p >= target; every lane that calls it reads the value with acquire semantics.
