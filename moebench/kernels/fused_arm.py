@@ -75,16 +75,24 @@ def can_zero_in_kernel(source: KernelSource) -> bool:
     return _ZERO_OUT_RE.search(source.text) is not None
 
 
+def check_zero(zero: str | None, deterministic: bool) -> None:
+    """The `zero` option's user errors: an unknown mode, or any mode for the deterministic build."""
+    who = "cuda-fused-det" if deterministic else "cuda-fused"
+    if zero is not None and zero not in ZERO_MODES:
+        raise UserError(f"{who}: zero={zero!r} must be one of {', '.join(ZERO_MODES)}")
+    if zero is not None and deterministic:
+        raise UserError(f"{who}: zero={zero} does not apply (the combine writes the output)")
+
+
 def zeroing_mode(zero: str | None, per_sm: int, source: KernelSource, deterministic: bool) -> str:
     """Who zeroes the output of a decode call that writes it: "kernel" (the fused kernel's
     ZERO_OUT build) or "launch" (the zeroing kernel ahead of it); `zero` forces one, else
     `zeroes_in_kernel`. The deterministic build's combine stores its sums: nothing to zero."""
+    check_zero(zero, deterministic)
     if deterministic:
-        _need(zero is None, "cuda-fused-det: zero=... does not apply (the combine writes the output)")
         return "launch"
     if zero is None:
         return "kernel" if zeroes_in_kernel(per_sm) and can_zero_in_kernel(source) else "launch"
-    _need(zero in ZERO_MODES, f"cuda-fused: zero={zero!r} must be one of {', '.join(ZERO_MODES)}")
     _need(zero == "launch" or can_zero_in_kernel(source),
           f"{source.origin or source.filename}: no ZERO_OUT meta-parameter (zero=kernel needs the kernel to zero its output)")
     return zero
@@ -331,10 +339,7 @@ class CudaFusedArm(Arm):
                 raise UserError(f"cuda-fused: {key}={value!r} must be a whole number of at least 1")
         if overlap is not None and (isinstance(overlap, bool) or overlap not in (0, 1)):
             raise UserError(f"cuda-fused: overlap={overlap!r} must be 0 or 1")
-        if zero is not None and zero not in ZERO_MODES:
-            raise UserError(f"cuda-fused: zero={zero!r} must be one of {', '.join(ZERO_MODES)}")
-        if zero is not None and self.deterministic:
-            raise UserError(f"{self.name}: zero={zero} does not apply (the combine writes the output)")
+        check_zero(zero, self.deterministic)
         # who zeroes the decode kernel's output (fused_policy.zeroes_in_kernel when None)
         self.zero = zero
         # the prefill kernels' work cut (fused_prefill.split_work and overlap_down when None):
