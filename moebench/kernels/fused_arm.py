@@ -216,14 +216,15 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     clusters = min(resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
-    zeroing = None if not zero_out else zeroing_mode(zero, per_sm, source or shipped_source(), deterministic)
+    src = source or shipped_source()
+    zeroing = None if not zero_out else zeroing_mode(zero, per_sm, src, deterministic)
     if zeroing == "kernel":
         # the same launch from the ZERO_OUT build (the same shared memory and launch bounds: the
         # residency above holds); its stripes are counted in 32-bit 16-byte units
         from moebench.kernels.cuda_launch import raise_shared_limit
         _need(grid[0] <= ZERO_SPAN, f"cuda-fused: zero=kernel needs a grid of at most {ZERO_SPAN} CTAs")
         _need(dims["M"] * K // 8 < 2**31, "cuda-fused: zero=kernel needs an output below 32 GiB")
-        module = build_fused(source or shipped_source(), bm, stages, per_sm, cluster, False, True)
+        module = build_fused(src, bm, stages, per_sm, cluster, False, True)
         kernel = module.kernel(KERNEL_NAME, x.device.index)
         raise_shared_limit(kernel, smem, x.device.index)
     # Deterministic: every routed slot's rows of the workspace are written by each launch; rows of
