@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 cuda_core = pytest.importorskip("cuda.core")
 
+from moebench.errors import UserError  # noqa: E402
 from moebench.kernels import cuda_build, cuda_launch  # noqa: E402
 from moebench.kernels.cuda_build import (CudaBuildError, build_key, compile_source,  # noqa: E402
                                          parse_ptxas_log)
@@ -66,6 +68,46 @@ def test_resources_without_a_ptxas_log_come_from_the_loaded_kernel(cache, monkey
     assert (r.registers, r.stack_bytes, r.spill_stores, r.spill_loads, r.source) == (40, 24, 24, 24, "driver")
     Attrs.local_size_bytes = 0
     assert m.resources("tiny").spill_stores == 0
+
+
+KERNELS = r'''
+__device__ __noinline__ float twice(float x) { return 2.f * x; }
+extern "C" __global__ void first(float* out) { out[threadIdx.x] = twice(out[threadIdx.x]); }
+extern "C" __global__ void second(float* out) { out[threadIdx.x] = 0.f; }
+template <int N> __global__ void scaled(float* out) { out[threadIdx.x] *= N; }
+'''
+
+
+def test_a_module_lists_its_kernels_from_the_cubin_with_or_without_the_log(cache):
+    m = compile_source(KERNELS, name_expressions=("scaled<3>",), name="k.cu")
+    assert m.entries == {"first", "second", m.mangled("scaled<3>")} and m.mangled("scaled<3>") != "scaled<3>"
+    bare = _without_log_resources(m)  # what made a build of the decode file look like it lacked a kernel
+    assert bare.build.resources == {} and bare.entries == m.entries
+    for module in (m, bare):
+        cuda_build.need_kernels(module, ("first", "scaled<3>"), "k.cu", "test launch")
+        with pytest.raises(UserError, match=r"^k.cu: no third kernel, which this tree's test launch runs; "
+                                            r"build a copy of k.cu that has it$"):
+            cuda_build.need_kernels(module, ("first", "third"), "k.cu", "test launch")
+
+
+def test_the_build_command_lists_every_kernel_of_the_cubin(cache, tmp_path, monkeypatch):
+    from result_factory import run_cli
+    src = tmp_path / "k.cu"
+    src.write_text(KERNELS)
+    code, out, _ = run_cli(["build", "--source", str(src)])
+    assert code == 0 and re.search(r"first +│ +\d+ +│ +0 +│ +0/0 +│ +0 ", out) and re.search(r"second +│ +\d+ ", out), out
+    assert "no ptxas log" not in out
+    from moebench.cli import build_cmd
+    modules = build_cmd.compiled_modules
+    monkeypatch.setattr(build_cmd, "compiled_modules",
+                        lambda *a: [(label, _without_log_resources(m)) for label, m in modules(*a)])
+    code, out, _ = run_cli(["build", "--source", str(src)])
+    assert code == 0 and re.search(r"first +│ +— +│ +— +│ +— +│ +— ", out) and "NVRTC returned no ptxas log" in out, out
+
+
+def test_entry_kernels_refuses_what_is_not_a_cubin():
+    with pytest.raises(ValueError, match="not an ELF64 cubin"):
+        cuda_build.entry_kernels(b"// source text, not a cubin")
 
 
 @pytest.mark.gpu

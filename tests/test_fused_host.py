@@ -556,10 +556,10 @@ def test_occupancy_beyond_what_compiles_clean_is_refused():
         fused_arm.launch_options(32, 7168, 0, 4, per_sm=2)
 
 
-def test_a_build_without_the_zeroing_kernel_is_refused_in_one_line():
-    from types import SimpleNamespace
-
+def test_a_build_without_the_zeroing_kernel_is_refused_in_one_line(cache):
+    from moebench.kernels.cuda_build import compile_source
     from moebench.kernels.fused_arm import ZERO_NAME, bind_zero
-    old = SimpleNamespace(build=SimpleNamespace(name="old_fused.cu", resources={fused_arm.KERNEL_NAME: None}))
-    with pytest.raises(UserError, match=f"old_fused.cu: no {ZERO_NAME} kernel"):
+    old = compile_source(f'extern "C" __global__ void {fused_arm.KERNEL_NAME}(int* p) {{ p[0] = 1; }}',
+                         name="old_fused.cu")  # an older copy of the file, before the zeroing kernel
+    with pytest.raises(UserError, match=f"^old_fused.cu: no {ZERO_NAME} kernel"):
         bind_zero(old, 0, torch.empty(4, 128, dtype=torch.bfloat16))

@@ -308,13 +308,14 @@ def test_down_runs_beside_gate_ups_last_round_where_the_model_gains():
     assert go and ctas == 132 - 673 % 132
 
 
-def test_a_build_without_a_kernel_this_tree_launches_is_one_line():
-    from types import SimpleNamespace
-    old = SimpleNamespace(build=SimpleNamespace(name="old.cu", resources={fused_prefill.GATE_UP: None,
-                                                                          fused_prefill.DOWN: None}))
+def test_a_build_without_a_kernel_this_tree_launches_is_one_line(cache):
+    from moebench.kernels.cuda_build import compile_source
+    # an older copy of the file: the two kernels apart, none of the overlap's builds
+    old = compile_source("\n".join(f'extern "C" __global__ void {name}(int* p) {{ p[0] = 1; }}'
+                                    for name in fused_prefill.kernel_names(False)), name="old.cu")
     fused_prefill.need_kernels(old, fused_prefill.kernel_names(False))  # the builds apart are there
-    with pytest.raises(UserError, match=r"old.cu: no moebench_prefill_gate_up_overlap kernel, which this tree's "
-                                        r"prefill launch runs; build a copy of sm90_fused_prefill.cu that has it"):
+    with pytest.raises(UserError, match=r"^old.cu: no moebench_prefill_gate_up_overlap kernel, which this tree's "
+                                        r"prefill launch runs; build a copy of sm90_fused_prefill.cu that has it$"):
         fused_prefill.need_kernels(old, fused_prefill.kernel_names(True))
 
 

@@ -35,8 +35,12 @@ def build(arm_names, sources, defines, as_json):
                   title_justify="left")
         for col in ("kernel", "registers", "static smem B", "spill st/ld B", "stack B"):
             t.add_column(col, justify="left" if col == "kernel" else "right")
-        for kernel, r in sorted(b.resources.items()):
-            t.add_row(kernel, str(r.registers), str(r.shared_bytes), f"{r.spill_stores}/{r.spill_loads}",
-                      str(r.stack_bytes))
+        for kernel in sorted(m.entries):  # the cubin's kernels; their resources, where ptxas logged them
+            r = b.resources.get(kernel)
+            t.add_row(kernel, *((str(r.registers), str(r.shared_bytes), f"{r.spill_stores}/{r.spill_loads}",
+                                 str(r.stack_bytes)) if r else ("—",) * 4))
         console.print(t)
+        if set(m.entries) - set(b.resources):
+            console.print("— : NVRTC returned no ptxas log for these kernels; `moebench run` takes their "
+                          "registers and local memory from the driver once they are loaded on a GPU")
         console.print(f"build hash {b.build_hash}  ({'cached' if m.cache_hit else 'compiled'})")

@@ -9,10 +9,12 @@ is moebench.kernels.cuda_launch's.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
 import re
+import struct
 from pathlib import Path
 
 from moebench.kernels.cuda_cache import (CACHE_FORMAT, CudaBuild, KernelResources, build_key,  # noqa: F401
@@ -110,6 +112,38 @@ def parse_ptxas_log(log: str) -> dict[str, KernelResources]:
     return {k: KernelResources(**v) for k, v in entries.items()}
 
 
+# ---------------------------------------------------------------------------- cubin
+
+_SHT_SYMTAB, _STT_FUNC = 2, 2
+_STB_GLOBAL, _STB_WEAK = 1, 2  # a template's instance is weak
+_STO_CUDA_ENTRY = 0x10  # st_other bit of a kernel entry's symbol in a CUDA ELF
+
+
+def entry_kernels(cubin: bytes) -> frozenset[str]:
+    """The (mangled) names of the kernel entries in `cubin`, read from its ELF symbol table.
+
+    What a module holds, whether or not NVRTC returned ptxas's log (the resources come from that
+    log, and NVRTC 13.0 on the H200 machine left it empty for some builds). A few lines of the
+    ELF64 layout, not a library: the entry bit is CUDA's own, which general ELF readers fold
+    into st_other's visibility."""
+    if cubin[:5] != b"\x7fELF\x02":
+        raise ValueError("not an ELF64 cubin")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != _SHT_SYMTAB:
+            continue
+        strings = sections[link][4]
+        for at in range(offset, offset + size, entsize or 24):
+            name, info, other = struct.unpack_from("<IBB", cubin, at)
+            if info & 0xF == _STT_FUNC and info >> 4 in (_STB_GLOBAL, _STB_WEAK) and other & _STO_CUDA_ENTRY:
+                start = strings + name
+                names.add(cubin[start:cubin.index(b"\0", start)].decode())
+    return frozenset(names)
+
+
 # ---------------------------------------------------------------------------- flags
 
 def parse_defines(items) -> dict[str, str]:
@@ -165,6 +199,11 @@ class CudaModule:
         self._object_code = None
         self._kernels: dict = {}
 
+    @functools.cached_property
+    def entries(self) -> frozenset[str]:
+        """The mangled names of the module's kernels (its cubin's entry symbols)."""
+        return entry_kernels(self.cubin)
+
     def mangled(self, name: str) -> str:
         return self.symbol_mapping.get(name, name)
 
@@ -199,7 +238,7 @@ def need_kernels(module, names, source: str, launch: str) -> None:
     say) lacks a kernel of `names`, which this tree's `launch` runs."""
     from moebench.errors import UserError
     for name in names:
-        if name not in module.build.resources:
+        if module.mangled(name) not in module.entries:
             raise UserError(f"{module.build.name}: no {name} kernel, which this tree's {launch} runs; "
                             f"build a copy of {source} that has it")
 
