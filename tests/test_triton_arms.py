@@ -297,6 +297,19 @@ def test_arms_cli_lists_the_triton_arms(capsys):
     assert "triton-swapab" in out and "stock Triton path" in out
 
 
+def test_text_in_brackets_is_printed_as_written(capsys, monkeypatch):
+    """Nothing a user or an arm writes is read as rich markup: `pip install 'moebench[sglang]'`
+    once lost its `[sglang]` in every table and log line."""
+    from moebench.cli import arms_cmd
+    from moebench.kernels.sglang_arm import INSTALL_HINT
+    monkeypatch.setattr(arms_cmd, "arm_availability",
+                        lambda: ("cpu", [("mine", "a [bold]kernel[/bold]", f"not installed ({INSTALL_HINT})")]))
+    code, out, _ = _cli(["arms"], capsys)
+    assert code == 0 and "a [bold]kernel[/bold]" in out and INSTALL_HINT in out, out
+    code, out, _ = _cli(["verify", "--shape", "T2", "--arms", "triton", "--interpret"], capsys)
+    assert code == 0 and "[green]" not in out and " ok" in out, out
+
+
 # ---- the engines' launch paths: tuned tables, TMA, the sorted intermediate ---------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 from moebench.cli import cli
 from moebench.doctor import arm_availability
@@ -17,5 +18,5 @@ def arms():
     for col in ("arm", "description", "available here"):
         t.add_column(col)
     for name, description, reason in rows:
-        t.add_row(name, description, "[green]yes[/green]" if reason is None else reason)
+        t.add_row(name, description, Text("yes", style="green") if reason is None else reason)
     make_console().print(t)

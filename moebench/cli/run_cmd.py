@@ -14,6 +14,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from moebench.cli import cli
 from moebench.cli.common import (
@@ -113,7 +114,7 @@ def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
                       out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from, keep_going=keep_going,
                       determinism=determinism, determinism_runs=determinism_runs, cross_process=cross_process)
-    log, progress = lambda m: console.print(f"[dim]{m}[/]"), lambda total: _progress(console, total)
+    log, progress = lambda m: console.print(Text(m, style="dim")), lambda total: _progress(console, total)
     try:
         if resume_path is not None:
             result, path = resume(resume_path, given=_given(ctx, req), log=log, progress_factory=progress)

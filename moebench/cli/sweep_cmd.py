@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import click
 from click.core import ParameterSource
+from rich.text import Text
 
 from moebench.cli import cli
 from moebench.cli.run_cmd import run_command, run_request
@@ -56,7 +57,7 @@ def sweep(ctx, family, ms, gpus, dry_run, resume, **run_options):
     req = replace(run_request(shapes=shapes, **run_options), command=("moebench", *argv))
     console = make_console()
     outcome = distributed.sharded_sweep(req, dry_run=dry_run, resume=resume,
-                                        log=lambda m: console.print(f"[dim]{m}[/]"))
+                                        log=lambda m: console.print(Text(m, style="dim")))
     if outcome is None:  # not rank 0
         return
     result, path = outcome.result, outcome.path
@@ -84,7 +85,7 @@ def distributed_cells_table(result):
     rows = [(c.shape, str(c.rank), c.host, c.device, c.gpu_name or "—",
              "—" if c.read_bandwidth_bytes_per_s is None else f"{c.read_bandwidth_bytes_per_s / 1e9:.0f}",
              "checked" if sh.dry_run else "timed") for c in sh.cells]
-    rows += [(c.shape, str(c.rank), "", "", "", "", f"[red]missing[/red] {c.reason}") for c in sh.missing]
+    rows += [(c.shape, str(c.rank), "", "", "", "", Text.assemble(("missing", "red"), f" {c.reason}")) for c in sh.missing]
     for row in rows:
         t.add_row(*row)
     return t

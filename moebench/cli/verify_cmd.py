@@ -6,6 +6,7 @@ import sys
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
@@ -42,7 +43,7 @@ def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_co
                         edge_cases=edge_cases, threshold=threshold, balancedness=balancedness,
                         shapes_file=shapes_file, max_fixture_gb=max_fixture_gb, external_arms=tuple(external_arms))
     console = make_console()
-    log = lambda m: console.print(f"[dim]{m}[/]")  # noqa: E731
+    log = lambda m: console.print(Text(m, style="dim"))  # noqa: E731
     if determinism:
         verdicts, device, result = verify_determinism(req, runs=runs, cross_process=cross_process,
                                                       command=["moebench", *sys.argv[1:]], log=log)
@@ -64,7 +65,7 @@ def _parity_table(rows, device, interpret) -> Table:
         t.add_column(col, justify="right")
     t.add_column("result")
     for r in rows:
-        result = "[green]ok[/green]" if r.passed else f"[red]FAIL[/red] {r.reason()}"
+        result = Text("ok", style="green") if r.passed else Text.assemble(("FAIL", "red"), f" {r.reason()}")
         exact = "—" if r.rel_l2_exact is None else f"{r.rel_l2_exact:.2e}"
         t.add_row(r.shape, r.arm, r.oracle, f"{r.rel_l2:.2e}", f"{r.max_abs:.2e}", f"{r.ref_max_abs:.2e}",
                   str(r.nonfinite), f"{r.threshold:g}", exact, result)

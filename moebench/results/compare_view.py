@@ -68,6 +68,7 @@ def _ratio_cells(c: Comparison) -> list[tuple[Verdict, list[str]]]:
 
 def render_table(c: Comparison, out: TextIO) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     console = make_console(out)
     builds = any(a.identity_changed for a in c.arms)
@@ -77,7 +78,7 @@ def render_table(c: Comparison, out: TextIO) -> None:
                      overflow="fold", no_wrap=name in ("arm", "verdict"))
     for verdict, cells in _arm_cells(c):
         style = VERDICT_STYLE[verdict]
-        cells[6] = f"[{style}]{cells[6]}[/]" if style else cells[6]
+        cells[6] = Text(cells[6], style=style or "")
         t.add_row(*(cells if builds else cells[:-1]))
     console.print(t)
     if c.ratios:
@@ -87,7 +88,7 @@ def render_table(c: Comparison, out: TextIO) -> None:
                            overflow="fold", no_wrap=name in ("arm / ref", "verdict"))
         for verdict, cells in _ratio_cells(c):
             style = VERDICT_STYLE[verdict]
-            cells[6] = f"[{style}]{cells[6]}[/]" if style else cells[6]
+            cells[6] = Text(cells[6], style=style or "")
             r_t.add_row(*cells)
         console.print(r_t)
     for note in c.notes:

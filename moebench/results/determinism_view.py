@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.table import Table
+from rich.text import Text
 
 from moebench.results.determinism_records import DeterminismVerdict
 
@@ -86,7 +87,7 @@ def determinism_table(verdicts: Sequence[DeterminismVerdict], where: str = "") -
         t.add_column(col, overflow="fold")
     for v, row in zip(verdicts, verdict_rows(verdicts)):
         style = "green" if v.passed else "yellow" if v.deterministic and v.batch_invariant else "red"
-        row[5] = f"[{style}]{row[5]}[/]"
+        row[5] = Text(row[5], style=style)
         t.add_row(*row)
     return t
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from moebench.results.determinism_view import det_text, determinism_table, verdicts_by_unit
 from moebench.results.index import ResultIndex, percent, us
@@ -124,8 +125,7 @@ def ratio_table(result: RunResult) -> Table | None:
         if last_shape is not None and r.shape != last_shape:
             t.add_section()
         style = "green" if r.low > 1 else "red" if r.high < 1 else ""
-        cells = [r.shape if r.shape != last_shape else "", r.arm, f"[{style}]{r.median:.3f}[/]" if style
-                 else f"{r.median:.3f}", f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}"]
+        cells = [r.shape if r.shape != last_shape else "", r.arm, Text(f"{r.median:.3f}", style=style), f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}"]
         if builds:
             cells.append(build_parity_text(builds.get((r.shape, r.arm)), r.arm, result))
         t.add_row(*cells)
@@ -167,7 +167,7 @@ def referee_table(checks) -> Table | None:
     for c in checks:
         t.add_row(c.shape, c.arm, c.referee, f"{c.call_ratio:.3f}",
                   *(f"{c.kernel_ratios[lab]:.3f}" if lab in c.kernel_ratios else "—" for lab in labels),
-                  "[green]within[/]" if c.passed else "[red]OUTSIDE[/]")
+                  Text("within", style="green") if c.passed else Text("OUTSIDE", style="red"))
     return t
 
 
@@ -190,7 +190,7 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
             return
     partial = incomplete_text(result)
     if partial:
-        console.print(f"[bold yellow]INCOMPLETE: {partial}[/]", highlight=False)
+        console.print(Text(f"INCOMPLETE: {partial}", style="bold yellow"))
     console.print(summary_table(result))
     for table in sweep_floor_tables(ResultIndex(result)):
         console.print(table)
@@ -203,11 +203,11 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     for line in noise_lines(result):
         console.print(line, highlight=False)
     for line in throttle_lines(result):
-        console.print(f"[yellow]{line}[/]", highlight=False)
+        console.print(Text(line, style="yellow"))
     style = "green" if result.audit.passed else "bold red"
-    console.print(f"[{style}]{audit_line(result)}[/]")
+    console.print(Text(audit_line(result), style=style))
     for line in findings_lines(result):
-        console.print(f"  [red]{line}[/]", highlight=False)
+        console.print(Text(f"  {line}", style="red"))
 
 
 WIDTH_WHEN_PIPED = 160  # rich falls back to 80 columns off a terminal, which cuts µs columns
@@ -215,5 +215,5 @@ WIDTH_WHEN_PIPED = 160  # rich falls back to 80 columns off a terminal, which cu
 
 def make_console(file=None) -> Console:
     """A rich console that keeps its tables whole when written to a file or a pipe."""
-    probe = Console(file=file)
-    return probe if probe.is_terminal else Console(file=file, width=WIDTH_WHEN_PIPED)
+    probe = Console(file=file, markup=False)
+    return probe if probe.is_terminal else Console(file=file, width=WIDTH_WHEN_PIPED, markup=False)
