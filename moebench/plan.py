@@ -116,15 +116,21 @@ def validate(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
     """User mistakes in the request, as UserError (before any GPU work)."""
     if not req.arms:
         raise UserError("no arm given: name them with --arms (or add --build / --variant / --arm)")
-    if not req.shapes:
-        raise UserError("no shape given")
+    validate_settings(req, timers)
     if req.ref is not None and req.ref not in req.arms:
         raise UserError(f"--ref {req.ref!r} is not one of the arms ({', '.join(req.arms)})")
+    if req.noise_from:
+        check_noise_source(req.noise_from, req.arms)
+
+
+def validate_settings(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
+    """The mistakes validate finds whatever the arms: shapes, the protocol, the determinism runs."""
+    if not req.shapes:
+        raise UserError("no shape given")
+    resolve_specs(req)
     check_protocol(req.protocol, timers)
     if req.determinism and req.determinism_runs < 2:
         raise UserError(f"--determinism-runs must be at least 2, got {req.determinism_runs}")
-    if req.noise_from:
-        check_noise_source(req.noise_from, req.arms)
 
 
 def resolve_specs(req: RunRequest):

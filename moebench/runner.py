@@ -28,7 +28,7 @@ from moebench.kernels.registry import make_arms
 from moebench.measure import Measurement, TimingBackend, cuda_backend, measure
 from moebench.noise import with_noise
 from moebench.partial import PartialSaver, RunInterrupted, stop_signals
-from moebench.plan import RunRequest, plan_arms, resolve_specs, validate, with_default_arms
+from moebench.plan import RunRequest, plan_arms, resolve_specs, validate, validate_settings, with_default_arms
 from moebench.prepare import prepare
 from moebench.results import schema as S
 from moebench.results.provenance import package_sha256, utc_now
@@ -49,6 +49,7 @@ def planned(req: RunRequest, backend: TimingBackend | None, log: Callable[[str],
         req = with_default_arms(req, device, log)
     req, plan = plan_arms(req)
     if not req.arms and device is None:
+        validate_settings(req)  # the request's own mistakes first: a GPU would not mend them
         raise UserError("no CUDA device visible: with no --arms, `moebench run` times every arm that can run "
                         "on this machine's GPU (see `moebench arms` and `moebench doctor`)")
     validate(req)

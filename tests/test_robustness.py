@@ -109,6 +109,20 @@ def test_counts_out_of_range_are_one_line_before_any_gpu_work(argv, needle):
     assert code == 2 and needle in err and err.strip().count("\n") == 0, err
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--shape", "A8", "--rounds", "0"], "--rounds and --samples must be at least 1"),
+    (["run", "--shape", "Z8"], "unknown shape family 'Z'"),
+    (["sweep", "--family", "Z", "--m", "1"], "unknown shape family 'Z'"),
+    (["run", "--shape", "A8", "--determinism", "--determinism-runs", "1"], "--determinism-runs must be at least 2"),
+    (["run", "--shape", "A8"], "no CUDA device visible: with no --arms"),
+])
+def test_without_arms_or_a_gpu_the_request_s_own_mistake_is_named_first(argv, needle, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = run_cli(argv)
+    assert code == 2 and needle in err and err.strip().count("\n") == 0, err
+
+
 def test_build_sources_that_are_not_cuda_files_are_named_as_such(tmp_path):
     folder, toml, binary = tmp_path / "dir", tmp_path / "x.toml", tmp_path / "bin.cu"
     folder.mkdir()
