@@ -14,7 +14,7 @@ from typing import Callable
 
 from moebench.errors import UserError
 from moebench.measure import MAX_SAMPLES, TimingBackend, cuda_backend, measure
-from moebench.plan import RunRequest, plan_arms, resolve_specs, validate
+from moebench.plan import RunRequest, plan_arms, validate
 from moebench.prepare import prepare
 from moebench.results.schema import ParityInfo
 from moebench.timing.timers import Untimed
@@ -42,8 +42,7 @@ def profile_arm(req: RunRequest, calls: int = 4, backend: TimingBackend | None =
     req, plan = plan_arms(req)
     if len(req.arms) != 1:
         raise UserError(f"profile: give exactly one arm (got {', '.join(req.arms) or 'none'})")
-    validate(req, timers=("none",))
-    resolve_specs(req)
+    validate(req, timers=("none",))  # shapes too, before any GPU work
     backend = replace(backend, timer=Untimed()) if backend is not None else cuda_backend(req.protocol)
     prep = prepare(req, plan, backend.device, log)
     measure(prep.units, req.protocol, backend)

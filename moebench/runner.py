@@ -28,7 +28,7 @@ from moebench.kernels.registry import make_arms
 from moebench.measure import Measurement, TimingBackend, cuda_backend, measure
 from moebench.noise import with_noise
 from moebench.partial import PartialSaver, RunInterrupted, stop_signals
-from moebench.plan import RunRequest, plan_arms, resolve_specs, validate, validate_settings, with_default_arms
+from moebench.plan import RunRequest, plan_arms, validate, validate_settings, with_default_arms
 from moebench.prepare import prepare
 from moebench.results import schema as S
 from moebench.results.provenance import package_sha256, utc_now
@@ -109,7 +109,6 @@ def resume(path: str | Path, backend: TimingBackend | None = None, *, given: dic
 
 
 def _device_backend(req: RunRequest, plan) -> TimingBackend:
-    resolve_specs(req)  # bad shape names before touching the GPU
     make_arms(req.arms, req.arm_options, plan.factories)
     with gpu_memory_guard("allocating the L2 flush buffer"):
         return cuda_backend(req.protocol)
