@@ -45,6 +45,9 @@ OPS = {
 }
 REDUCE_PASSES = 8  # sweeps of the reduce probe over its buffer
 REDUCE_CTAS_PER_SM = 8  # its grid: 256-thread CTAs an SM
+# `--sms N`: one CTA of 1024 threads on each of N SMs, held alone there by its shared memory (more
+# than half of the 228 KB an sm_90 SM has; the kernel does not touch it)
+REDUCE_ALONE_THREADS, REDUCE_ALONE_SMEM = 1024, 116 * 1024
 WGMMA_OPS = ("wgmma", "wgmma-step")
 WGMMA_STEPS = 8192  # K steps of 128 a CTA: a few ms at the dense peak
 WGMMA_STEP_FLOPS = 2 * 4 * 2 * 64 * 128 * 32  # a CTA's K step: 2 warpgroups x 4 wgmma m64n128k32
@@ -67,9 +70,10 @@ def spin_cycles(us: float, sm_mhz: int | None) -> int:
     return round(us * sm_mhz)
 
 
-def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tuple[Unit, DeclaredKernel, int]:
+def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0,
+               sms: int | None = None) -> tuple[Unit, DeclaredKernel, int]:
     """The workload as a Unit, its declared kernel, and the bytes it moves, or for FLOPS_OPS the
-    FLOPs it runs (`cycles`: how long the spin kernel waits)."""
+    FLOPs it runs (`cycles`: how long the spin kernel waits; `sms`: the reduce probe's SMs)."""
     if op not in OPS:
         raise UserError(f"unknown probe op {op!r} (known: {', '.join(OPS)})")
     if mib < 1:
@@ -80,7 +84,7 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
         wait = cycles if op == "spin" else 0
         return Unit("_probe", op, lambda: torch.cuda._sleep(wait), kernels=(decl,)), decl, 0
     if op == "reduce":
-        return reduce_unit(mib, device)
+        return reduce_unit(mib, device, sms)
     if op in FLOPS_OPS:
         return flops_unit(op, device)
     n = mib * 2**20 // 4
@@ -95,20 +99,28 @@ def probe_unit(op: str, mib: int, device: torch.device, cycles: int = 0) -> tupl
     return Unit("_probe", op, run, kernels=(decl,)), decl, (reads + writes) * n * 4
 
 
-def reduce_unit(mib: int, device: torch.device) -> tuple[Unit, DeclaredKernel, int]:
+def reduce_unit(mib: int, device: torch.device, sms: int | None = None) -> tuple[Unit, DeclaredKernel, int]:
     """The reduce probe (kernels/sm90_reduce_probe.cu): REDUCE_PASSES sweeps of 16-byte BF16x2
-    reductions over a `mib` MiB buffer; the bytes are the reductions'."""
+    reductions over a `mib` MiB buffer, on every SM or on `sms` of them; the bytes are the
+    reductions'."""
     import numpy as np
 
     from moebench.kernels.cuda_build import compile_source
     from moebench.kernels.cuda_launch import bind_launch
     from moebench.kernels.kernel_source import KernelSource
+    every = torch.cuda.get_device_properties(device).multi_processor_count
+    if sms is not None and not 1 <= sms <= every:
+        raise UserError(f"--sms must be 1 to {every} (this GPU's SMs), got {sms}")
     module = compile_source(KernelSource.shipped("sm90_reduce_probe.cu"))
+    kernel = module.kernel(OPS["reduce"][0], device.index)
     target = torch.full((mib * 2**20 // 2,), 0.5, dtype=torch.bfloat16, device=device)
     chunks = target.numel() // 8
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    launch = bind_launch(module.kernel(OPS["reduce"][0], device.index), (sms * REDUCE_CTAS_PER_SM, 1, 1),
-                         (256, 1, 1), 0, np.uint64(target.data_ptr()), np.int64(chunks), np.int32(REDUCE_PASSES))
+    if sms is None:
+        grid, block, smem = every * REDUCE_CTAS_PER_SM, 256, 0
+    else:
+        grid, block, smem = sms, REDUCE_ALONE_THREADS, REDUCE_ALONE_SMEM
+    launch = bind_launch(kernel, (grid, 1, 1), (block, 1, 1), smem, np.uint64(target.data_ptr()), np.int64(chunks),
+                         np.int32(REDUCE_PASSES))
 
     def run() -> None:
         _ = target
@@ -250,9 +262,9 @@ def parse_ncu_csv(text: str, metric: str = "gpu__time_duration.sum", kernel_rege
 
 
 def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int = 10, flush: str = "read",
-              timer: str = "cupti", backend=None, us: float = 20.0) -> ProbeResult:
+              timer: str = "cupti", backend=None, us: float = 20.0, sms: int | None = None) -> ProbeResult:
     """Time the workload like an arm: one round, `samples` cold samples, audited. Timer
-    `none` only launches it."""
+    `none` only launches it. `sms`: the reduce probe on that many SMs, one CTA each."""
     from moebench.measure import MAX_SAMPLES, TimingProtocol, check_protocol, cuda_backend, measure
     from moebench.timing.timers import CUDA_TIMERS
 
@@ -263,9 +275,11 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
     check_protocol(protocol, timers=tuple(CUDA_TIMERS))
     if not 1 <= mib <= 65536:
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
+    if sms is not None and (op != "reduce" or sms < 1):
+        raise UserError("--sms applies only to --op reduce" if op != "reduce" else f"--sms must be at least 1, got {sms}")
     backend = backend if backend is not None else cuda_backend(protocol)
     cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
-    unit, _, amount = probe_unit(op, mib, backend.device, cycles)
+    unit, _, amount = probe_unit(op, mib, backend.device, cycles, sms)
     nbytes, flops = (0, amount) if op in FLOPS_OPS else (amount, 0)
     m = measure([unit], protocol, backend)
     return ProbeResult(op, nbytes, m.samples, m.audit, m.timer, tuple(m.audited_samples), flops)

@@ -103,6 +103,8 @@ def test_ratios_against_another_arm_need_no_fixture_records():
     (["run", "--shape", "T8", "--arms", "triton", "--rounds", "5000"], "--rounds must be at most"),
     (["probe", "--mib", "0"], "--mib must be 1 to 65536"),
     (["probe", "--samples", "0"], "--samples must be 1 to"),
+    (["probe", "--op", "reduce", "--sms", "0"], "--sms must be at least 1"),
+    (["probe", "--op", "add", "--sms", "4"], "--sms applies only to --op reduce"),
 ])
 def test_counts_out_of_range_are_one_line_before_any_gpu_work(argv, needle):
     code, _, err = run_cli(argv)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from moebench.errors import UserError
 from moebench.measure import TimingProtocol, cuda_backend, measure
 from moebench.results.schema import DeclaredKernel
 from moebench.timing.engine import Unit
@@ -136,6 +137,16 @@ def test_reduce_probe_adds_and_reports_its_rate():
     res = run_probe("reduce", mib=16, samples=20, warmup=2)
     assert res.audit.passed and list(res.kernel_names) == ["moebench_probe_reduce"]
     assert 1e11 < res.bytes_moved / (res.median_ns * 1e-9) < 5e13
+    # on 4 SMs, one 1024-thread CTA each: every element still takes every pass, and 4 SMs are slower
+    unit, _, alone_bytes = probe_unit("reduce", 4, torch.device("cuda", 0), sms=4)
+    target = next(c.cell_contents for c in unit.run.__closure__ if isinstance(c.cell_contents, torch.Tensor))
+    unit.run()
+    torch.cuda.synchronize()
+    assert alone_bytes == nbytes and bool((target == 0.5 + REDUCE_PASSES).all())
+    few = run_probe("reduce", mib=16, samples=20, warmup=2, sms=4)
+    assert few.audit.passed and few.median_ns > res.median_ns
+    with pytest.raises(UserError, match="--sms must be 1 to"):
+        probe_unit("reduce", 4, torch.device("cuda", 0), sms=100_000)
 
 
 def test_wgmma_probes_report_a_rate_below_the_peak():

@@ -36,6 +36,9 @@ def flops_rate(flops: int, median_ns: float) -> str:
 @click.option("--mib", type=int, default=256, show_default=True, help="Size of each tensor (add, mul).")
 @click.option("--us", type=float, default=20.0, show_default=True,
               help="spin: how long the kernel waits, in µs at the maximum SM clock.")
+@click.option("--sms", type=int, default=None, metavar="N",
+              help="reduce: run on N SMs, one 1024-thread CTA each, instead of 8 CTAs on every SM (the "
+                   "rate of N SMs tells one SM's limit from the GPU's).")
 @click.option("--samples", type=int, default=100, show_default=True)
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True)
@@ -45,14 +48,15 @@ def flops_rate(flops: int, median_ns: float) -> str:
               help="ncu --csv output of the same workload: print its median and the difference.")
 @click.option("--table-row", "table_row", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="With --ncu-csv: append the comparison to FILE as a Markdown table row.")
-def probe(op, mib, us, samples, warmup, flush, timer, ncu_csv, table_row):
+def probe(op, mib, us, sms, samples, warmup, flush, timer, ncu_csv, table_row):
     """Time one kernel exactly as `moebench run` times an arm (cold L2, audited)."""
     if table_row and not ncu_csv:
         raise click.UsageError("--table-row needs --ncu-csv")
-    res = run_probe(op, mib, samples, warmup, flush, timer, us=us)
+    res = run_probe(op, mib, samples, warmup, flush, timer, us=us, sms=sms)
     what = {"spin": f"spin {us:g} µs", "empty": "empty kernel", "wgmma": "wgmma m64n128k32 e4m3",
             "wgmma-step": "wgmma m64n128k32 e4m3, waited and promoted a K step",
             "gate-up-l2": "prefill gate_up, operands in L2"}.get(op, f"{op} {mib} MiB")
+    what += f" on {sms} SMs" if sms is not None else ""
     if not res.timed:
         click.echo(f"launched {what} {samples + warmup} times, flush {flush}, untimed")
         return
@@ -62,7 +66,8 @@ def probe(op, mib, us, samples, warmup, flush, timer, ncu_csv, table_row):
         click.echo(f"moebench: error: audit failed: no sample of {op} passed ({a.samples_passed}/{a.samples_total})",
                    err=True)
         raise click.exceptions.Exit(1)
-    rate = f"{res.bytes_moved / (med * 1e-9) / 1e12:.2f} TB/s; " if res.bytes_moved else ""
+    per_sm = f" ({res.bytes_moved / (med * 1e-9) / sms / 1e9:.1f} GB/s an SM)" if sms is not None else ""
+    rate = f"{res.bytes_moved / (med * 1e-9) / 1e12:.2f} TB/s{per_sm}; " if res.bytes_moved else ""
     if res.flops:
         rate = f"{flops_rate(res.flops, med)}; "
     click.echo(f"{what}: median {med / 1e3:.3f} us over {len(res.samples)} samples ({timer}, flush {flush}); "

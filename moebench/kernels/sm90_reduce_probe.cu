@@ -6,8 +6,12 @@
 // `chunks` 16-byte chunks, thread i taking chunks i, i + threads, ..., each sweep adding 1.0 to
 // every element (the buffer is a target, its values are not read back by the probe). A buffer
 // that fits in L2 gives the reductions' L2 rate, a larger one adds the HBM round trips.
+//
+// The host launches it two ways: 8 CTAs of 256 threads an SM on every SM (the default), or
+// (`--sms N`) N CTAs of 1024 threads, each with more than half an SM's shared memory, so that
+// no two share an SM: the rate of N SMs, which tells an SM's own limit from the GPU's.
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(1024)
 moebench_probe_reduce(unsigned short* __restrict__ out, long long chunks, int passes)
 {
     const long long threads = static_cast<long long>(gridDim.x) * blockDim.x;
