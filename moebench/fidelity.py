@@ -275,8 +275,10 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
     check_protocol(protocol, timers=tuple(CUDA_TIMERS))
     if not 1 <= mib <= 65536:
         raise UserError(f"--mib must be 1 to 65536 (MiB per tensor), got {mib}")
-    if sms is not None and (op != "reduce" or sms < 1):
-        raise UserError("--sms applies only to --op reduce" if op != "reduce" else f"--sms must be at least 1, got {sms}")
+    if sms is not None and op != "reduce":
+        raise UserError("--sms applies only to --op reduce")
+    if sms is not None and sms < 1:
+        raise UserError(f"--sms must be at least 1, got {sms}")
     backend = backend if backend is not None else cuda_backend(protocol)
     cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
     unit, _, amount = probe_unit(op, mib, backend.device, cycles, sms)

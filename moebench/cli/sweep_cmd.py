@@ -85,7 +85,8 @@ def distributed_cells_table(result):
     rows = [(c.shape, str(c.rank), c.host, c.device, c.gpu_name or "—",
              "—" if c.read_bandwidth_bytes_per_s is None else f"{c.read_bandwidth_bytes_per_s / 1e9:.0f}",
              "checked" if sh.dry_run else "timed") for c in sh.cells]
-    rows += [(c.shape, str(c.rank), "", "", "", "", Text.assemble(("missing", "red"), f" {c.reason}")) for c in sh.missing]
+    rows += [(c.shape, str(c.rank), "", "", "", "", Text.assemble(("missing", "red"), f" {c.reason}"))
+             for c in sh.missing]
     for row in rows:
         t.add_row(*row)
     return t

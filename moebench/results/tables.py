@@ -125,7 +125,8 @@ def ratio_table(result: RunResult) -> Table | None:
         if last_shape is not None and r.shape != last_shape:
             t.add_section()
         style = "green" if r.low > 1 else "red" if r.high < 1 else ""
-        cells = [r.shape if r.shape != last_shape else "", r.arm, Text(f"{r.median:.3f}", style=style), f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}"]
+        cells = [r.shape if r.shape != last_shape else "", r.arm, Text(f"{r.median:.3f}", style=style),
+                 f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}"]
         if builds:
             cells.append(build_parity_text(builds.get((r.shape, r.arm)), r.arm, result))
         t.add_row(*cells)
