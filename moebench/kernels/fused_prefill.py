@@ -404,7 +404,6 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
         "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),
         "resources_from": sorted({r.source for r in res.values()}),
         "mma": "wgmma m64n128k32 e4m3 -> f32, tokens in M",
-        "down_rows": "gathered once an item" if s.I == GROUP else "gathered every K step",  # the .cu's a_once
         "output": "written: gate_up zeroes it, down adds into it",
     }
     return PreparedCall(arm=arm_name, run=launch, output=out,

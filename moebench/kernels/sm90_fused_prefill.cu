@@ -40,9 +40,7 @@
 //     scales (0 for padding) and two weight-block scales. Each lane's copies arrive on the stage's
 //     full barrier as they land (cp.async.mbarrier.arrive.noinc): the producer never waits on its
 //     own copies, only on the empty barriers, so it runs up to STAGES steps ahead; the consumers'
-//     proxy fence after their wait hands the copies to wgmma. Where down's tile is one K step
-//     (I = 128), an item's rows are gathered once, with its first tile, into one of two item
-//     buffers that all its tiles read (8 KB of L2 reads a tile fewer after the first).
+//     proxy fence after their wait hands the copies to wgmma.
 // Each consumer warpgroup runs four m64n128k32 wgmma a stage into a fresh accumulator, waits,
 // and folds it into the FP32 accumulator times weight scale x row scale (block-scale promotion:
 // a tensor-core FP8 sum never runs past one 128-wide scale block).
@@ -80,10 +78,7 @@ constexpr int CONSUMERS = 256;  // two warpgroups
 // uniform-register moves a step, against 164 and 16 with one producer warp among 288 threads).
 constexpr int THREADS = CONSUMERS + 128;
 constexpr int PRODUCER_REGS = 88, CONSUMER_REGS = 200;
-// down's producer keeps its item buffer's state (a_once) through the stream: at 88 the overlap
-// build spilled 12 bytes
-constexpr int DOWN_PRODUCER_REGS = 96;
-static_assert(128 * DOWN_PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "one CTA an SM");
+static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "one CTA an SM");
 
 constexpr int A_TILE = BLOCK_M * BLOCK_K;  // 8 KB
 constexpr int B_TILE = BLOCK_N * BLOCK_K;  // 32 KB
@@ -95,8 +90,7 @@ constexpr int ZERO_COPY = 4096;            // (gate_up) bytes of output zeroed b
 constexpr int OFF_A = 0;
 constexpr int OFF_B = OFF_A + STAGES * A_TILE;
 constexpr int OFF_S = OFF_B + STAGES * B_TILE;
-// gate_up: amax [2 item parities][2 warpgroups][64 rows]; down: its two item buffers' a_empty barriers
-constexpr int OFF_AMAX = OFF_S + STAGES * SCALES * 4;
+constexpr int OFF_AMAX = OFF_S + STAGES * SCALES * 4;      // [2 item parities][2 warpgroups][64 rows]
 constexpr int OFF_C = OFF_AMAX + 2 * 2 * BLOCK_M * 4;      // [2 warpgroups][64 rows][C_ROW]
 constexpr int OFF_ROWS = OFF_C + 2 * BLOCK_M * C_ROW;     // (down) [2 warpgroups][2 item parities][64] token rows
 constexpr int OFF_BAR = OFF_ROWS + 2 * 2 * BLOCK_M * 4;
@@ -284,13 +278,6 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
     if (lane == 0) passes = atomicAdd(p.sync + 1, 1);
   }
   int step = 0;
-  // down, where a tile is one K step (I = 128): an item's activation rows are gathered once, with
-  // its first tile, into item buffer `a_items % 2` (the ring's first two A slots, which the stages
-  // then leave unused), and every tile of the item reads them; the consumers release a buffer on
-  // a_empty after the item's last wgmma
-  const bool a_once = !GATE_UP && k_steps == 1;
-  uint64_t* a_empty = reinterpret_cast<uint64_t*>(smem + OFF_AMAX);
-  int a_items = 0;  // (a_once) the items gathered so far
   while (item < items) {
     const Span sp = item_span<GATE_UP, OV>(p, item);
     const int next = item + gridDim.x;
@@ -330,8 +317,6 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
         }
       }
       const float* ws = p.w_scale + size_t(expert) * scale_rows * k_steps;
-      uint8_t* a_item = smem + OFF_A + (a_items & 1) * A_TILE;
-      if (a_once && a_items >= 2) mbar_wait(&a_empty[a_items & 1], ((a_items >> 1) - 1) & 1);
       for (int tile = sp.tile0; tile < sp.tile1; ++tile) {
         // the two weight-block scales of this tile: (gate, up) of group `tile`, or the tile's two
         // 128-row blocks (the second clamped inside the expert where K is no multiple of 256)
@@ -340,8 +325,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
         for (int kb = sp.kb0; kb < sp.kb1; ++kb, ++step) {
           const int s = step % STAGES;
           if (step >= STAGES) mbar_wait(&empty[s], ((step / STAGES) - 1) & 1);
-          uint8_t* a_stage = a_once ? a_item : smem + OFF_A + s * A_TILE;
-          const bool gather = !a_once || tile == sp.tile0;
+          uint8_t* a_stage = smem + OFF_A + s * A_TILE;
           uint8_t* b_stage = smem + OFF_B + s * B_TILE;
           float* sc = reinterpret_cast<float*>(smem + OFF_S) + s * SCALES;
           if (lane == 0) {
@@ -358,7 +342,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
           }
           const int c = lane & 7;
 #pragma unroll
-          for (int i = 0; i < 16 && gather; ++i) {  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
+          for (int i = 0; i < 16; ++i) {  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
             const int t = 4 * i + (lane >> 3);
             cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), p.act + line_off[i] + kb * BLOCK_K + c * 16,
                         (line_live >> i) & 1u ? 16u : 0u);
@@ -369,7 +353,6 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
           cp_async_arrive_noinc(&full[s]);
         }
       }
-      ++a_items;
     }
     item = next, expert = next_expert, slot_lo = next_lo, slot_hi = next_hi;
   }
@@ -452,9 +435,6 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
       }
     }
   };
-  const bool a_once = !GATE_UP && p.k_dim == BLOCK_K;  // (the producer's rule)
-  uint64_t* a_empty = reinterpret_cast<uint64_t*>(smem + OFF_AMAX);
-  int a_items = 0;  // (a_once) the items run so far: item buffer a_items % 2
   int item = blockIdx.x;
   ItemMeta meta;
   if (item < items) meta = load_meta<GATE_UP, OV>(p, item, r0);
@@ -489,7 +469,7 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
         const int s = step % STAGES;
         mbar_wait(&full[s], (step / STAGES) & 1);
         fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
-        const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + (a_once ? (a_items & 1) : s) * A_TILE);
+        const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
         const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
         wgmma_fence();
 #pragma unroll
@@ -620,10 +600,6 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
         if (n0 < p.rows_per_expert) pend_n0 = n0, pend_par = row_par;  // reduced under the next tile's wgmma
       }
     }
-    if (a_once) {  // the item's last wgmma has completed: its buffer may take the item after next
-      mbar_arrive(&a_empty[a_items & 1]);
-      ++a_items;
-    }
   }
   if (!GATE_UP && pend_n0 >= 0)  // the last tile staged
     reduce_staged(smem + OFF_C + wg * BLOCK_M * C_ROW, row_table(smem, wg, pend_par) + (tid / 16) * 8, tid, out,
@@ -647,16 +623,11 @@ __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_s
       mbar_init(&full[s], 32 + 1);           // 32 producer lanes (activations landed) + the TMA expect_tx
       mbar_init(&empty[s], CONSUMERS);       // one arrival per consumer thread
     }
-    if (!GATE_UP) {  // down's item buffers (a_once): every consumer thread arrives
-      uint64_t* a_empty = reinterpret_cast<uint64_t*>(smem + OFF_AMAX);
-      mbar_init(&a_empty[0], CONSUMERS);
-      mbar_init(&a_empty[1], CONSUMERS);
-    }
     mbar_fence_init();
   }
   __syncthreads();
   if (threadIdx.x >= CONSUMERS) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(GATE_UP ? PRODUCER_REGS : DOWN_PRODUCER_REGS));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
     if (threadIdx.x < CONSUMERS + 32) produce<GATE_UP, OV>(p, smem, full, empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
