@@ -1,7 +1,7 @@
 """One arm's prepared call under torch.profiler, in a process of its own, for
 tests/test_triton_gpu.py. Test-only.
 
-    python tests/profile_child.py ARM SHAPE      # prints {"kernels": [...], "aten": [...]} as JSON
+    python tests/profile_child.py ARM SHAPE   # prints the kernels, aten ops and kernels_per_sample as JSON
 
 torch.profiler's CUDA activity starts Kineto, which keeps CUPTI's one subscriber slot for the rest
 of its process: in the test process every later CUPTI tracer (moebench's timer) would be refused.
