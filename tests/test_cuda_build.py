@@ -173,8 +173,63 @@ ptxas info    : Used 8 registers, used 0 barriers
 """
     r = parse_ptxas_log(log)
     assert r["_Z3fooILi32EEvPf"].registers == 40 and r["_Z3fooILi32EEvPf"].spill_loads == 12
+    assert r["_Z3fooILi32EEvPf"].wgmma_serialized == r["bar"].wgmma_serialized == ""
     assert r["_Z3fooILi32EEvPf"].stack_bytes == 8 and r["_Z3fooILi32EEvPf"].shared_bytes == 128
     assert r["bar"].registers == 8 and r["bar"].shared_bytes == 0
+
+
+def test_parse_ptxas_log_names_the_kernels_whose_wgmma_ptxas_serialized():
+    # ptxas's notes come before the entries they name; a serialization outranks an injected wait
+    log = """ptxas info    : (C7517) warpgroup.wait is injected in around line 6594 by compiler to allow use of \
+registers defined by GMMA in function 'k_b'
+ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized \
+due to program dependence on compiler-inserted WG.DP in divergent path in the function 'k_b'
+ptxas info    : (C7517) wgmma.wait_group is injected in around line 72 by compiler to allow use of \
+registers defined by GMMA in function 'k_c'
+ptxas info    : Compiling entry function 'k_a' for 'sm_90a'
+ptxas info    : Function properties for k_a
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 90 registers, used 1 barriers
+ptxas info    : Compiling entry function 'k_b' for 'sm_90a'
+ptxas info    : Function properties for k_b
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers
+ptxas info    : Compiling entry function 'k_c' for 'sm_90a'
+ptxas info    : Function properties for k_c
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 0 barriers
+"""
+    r = parse_ptxas_log(log)
+    assert r["k_a"].wgmma_serialized == ""
+    assert r["k_b"].wgmma_serialized == ("serialized: program dependence on compiler-inserted WG.DP in "
+                                         "divergent path")
+    assert r["k_c"].wgmma_serialized == "a wait injected before its registers are used (PTX line 72)"
+    assert r["k_b"].registers == 168 and r["k_c"].registers == 96
+
+
+def test_a_wgmma_read_before_its_wait_shows_in_the_build_record(cache, tmp_path, monkeypatch):
+    # ptxas's own note: the accumulators read between the wgmma's issue and the wait for it
+    src = r"""#include "sm90_common.cuh"
+extern "C" __global__ void __launch_bounds__(128) k(float* out) {
+  __shared__ __align__(1024) uint8_t t[64 * 128 + 128 * 128];
+  float d[64];
+  wgmma_fence();
+  Wgmma<128>::mma(d, wgmma_desc_sw128(t), wgmma_desc_sw128(t + 64 * 128), 0);
+  wgmma_commit();
+  out[threadIdx.x] = d[0];
+  wgmma_wait<0>();
+  for (int i = 0; i < 64; ++i) out[threadIdx.x + 128 * i] = d[i];
+}
+"""
+    m = compile_source(src, name="serialized_check.cu")
+    assert "a wait injected" in m.build.resources["k"].wgmma_serialized, m.log
+    f = tmp_path / "serialized_check.cu"
+    f.write_text(src)
+    from click.testing import CliRunner
+    from moebench.cli import cli
+    res = CliRunner().invoke(cli, ["build", "--source", str(f)])
+    assert res.exit_code == 0, res.output
+    assert "k: ptxas took its wgmma's asynchrony (a wait injected" in " ".join(res.output.split())
 
 
 def test_name_expressions_survive_the_cache(cache):
@@ -249,6 +304,7 @@ def test_every_cuda_source_compiles_for_sm90a_without_spills(cache, source):
     for kernel, r in m.build.resources.items():
         assert r.spill_stores == 0 and r.spill_loads == 0, f"{source}:{kernel} spills"
         assert r.stack_bytes == 0, f"{source}:{kernel} uses a stack frame (local memory)"
+        assert r.wgmma_serialized == "", f"{source}:{kernel}: ptxas serialized its wgmma ({r.wgmma_serialized})"
 
 
 # ---------------------------------------------------------------- cuda-gemm / cuda-swapab host logic

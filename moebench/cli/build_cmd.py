@@ -1,5 +1,6 @@
 """`moebench build`: compile CUDA sources through NVRTC (no GPU needed) and print what
-ptxas reports per kernel: registers, shared memory, spills; and the build hash."""
+ptxas reports per kernel: registers, shared memory, spills, wgmma whose asynchrony ptxas took; and
+the build hash."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def build(arm_names, sources, defines, as_json):
             t.add_row(kernel, *((str(r.registers), str(r.shared_bytes), f"{r.spill_stores}/{r.spill_loads}",
                                  str(r.stack_bytes)) if r else ("—",) * 4))
         console.print(t)
+        for kernel in sorted(k for k, r in b.resources.items() if r.wgmma_serialized):
+            console.print(f"{kernel}: ptxas took its wgmma's asynchrony ({b.resources[kernel].wgmma_serialized})")
         if set(m.entries) - set(b.resources):
             console.print("— : NVRTC returned no ptxas log for these kernels; `moebench run` takes their "
                           "registers and local memory from the driver once they are loaded on a GPU")

@@ -90,14 +90,25 @@ _PROPS_RE = re.compile(r"Function properties for (\S+)")
 _FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED_RE = re.compile(r"Used (\d+) registers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
+# ptxas's notes when it takes a wgmma's asynchrony away: it waits for each before the next
+# (serialized), or inserts a wait of its own before registers a wgmma writes are used. Each names
+# the function, and may come before that function's "Compiling entry function" line.
+_SERIAL_RE = re.compile(r"wgmma\.mma_async instructions are serialized due to (.+?) in the function '([^']+)'")
+_INJECTED_RE = re.compile(r"(?:wgmma\.wait_group|warpgroup\.wait) is injected in around line (\d+) by compiler "
+                          r"to allow use of registers defined by GMMA in function '([^']+)'")
 
 
 def parse_ptxas_log(log: str) -> dict[str, KernelResources]:
     """Per-kernel resources from ptxas's verbose log (entry functions only)."""
     entries: dict[str, dict] = {}
+    serialized: dict[str, str] = {}
     current = None
     for line in log.splitlines():
-        if m := _ENTRY_RE.search(line):
+        if m := _SERIAL_RE.search(line):
+            serialized[m.group(2)] = "serialized: " + m.group(1).strip()
+        elif m := _INJECTED_RE.search(line):
+            serialized.setdefault(m.group(2), f"a wait injected before its registers are used (PTX line {m.group(1)})")
+        elif m := _ENTRY_RE.search(line):
             current = m.group(1)
             entries[current] = dict(registers=0, shared_bytes=0, spill_stores=0, spill_loads=0, stack_bytes=0)
         elif m := _PROPS_RE.search(line):
@@ -109,7 +120,7 @@ def parse_ptxas_log(log: str) -> dict[str, KernelResources]:
             entries[current]["registers"] = int(m.group(1))
             if s := _SMEM_RE.search(line):
                 entries[current]["shared_bytes"] = int(s.group(1))
-    return {k: KernelResources(**v) for k, v in entries.items()}
+    return {k: KernelResources(**v, wgmma_serialized=serialized.get(k, "")) for k, v in entries.items()}
 
 
 # ---------------------------------------------------------------------------- cubin

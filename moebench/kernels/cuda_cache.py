@@ -29,7 +29,7 @@ from pathlib import Path
 from moebench.atomic_write import atomic_write
 from moebench.errors import UserError
 
-CACHE_FORMAT = "moebench-cuda-cache-v1"
+CACHE_FORMAT = "moebench-cuda-cache-v2"
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class KernelResources:
     # attributes: registers and local memory; the spill counts are then the local bytes (an
     # upper bound: any stack frame counts), 0 when there is none.
     source: str = "ptxas"
+    # How ptxas took away the asynchrony of the kernel's wgmma, in its words: "serialized: <why>"
+    # (each waited for before the next issues), else a wait it injected before registers a wgmma
+    # writes are used; "" when neither, or when the resources come from the driver (no log).
+    wgmma_serialized: str = ""
 
 
 @dataclass(frozen=True)

@@ -402,6 +402,7 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
         "build": module.build.to_dict(),
         "registers": {k: r.registers for k, r in res.items()},
         "spills": sum(r.spill_stores + r.spill_loads for r in res.values()),
+        "wgmma_serialized": {k: r.wgmma_serialized for k, r in res.items() if r.wgmma_serialized},
         "resources_from": sorted({r.source for r in res.values()}),
         "mma": "wgmma m64n128k32 e4m3 -> f32, tokens in M",
         "output": "written: gate_up zeroes it, down adds into it",
