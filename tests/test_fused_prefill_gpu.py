@@ -81,7 +81,8 @@ def test_parity_through_the_arm(family, M):
     call = CudaFusedArm(path=None if M >= 4096 else "prefill").prepare(fx)
     assert call.identity["path"] == "prefill"  # at M >= 4096 the route plan picks it
     assert [k.pattern for k in call.kernels] == ["moebench_prefill_gate_up", "moebench_prefill_down"]
-    assert call.identity["spills"] == 0
+    assert call.identity["spills"] == 0 and call.identity["wgmma_serialized"] == {}
+    assert call.identity["down_walk"] == "two accumulators, one K step a tile"  # both families: I = 128
     p = check_parity(call, References(fx), f"{family}{M}")
     assert p.passed, f"{family}{M}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
 

@@ -88,8 +88,12 @@ def _sass(tmp_path) -> str:
 def test_sass_runs_fp8_wgmma_and_nothing_in_local_memory(cache, tmp_path):
     sass = _sass(tmp_path)
     # QGMMA is sm_90's FP8 tensor-core instruction (the decode kernel's mma.sync runs as HMMA)
-    # four k32 steps a stage, two kernels in two builds each, the first K step peeled
-    assert sass.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 32
+    # four k32 steps a stage, the first K step peeled; down also has its one-step walk (I = 128)
+    # with two accumulators: the first tile, then the two halves of its loop
+    for name, body in _functions(sass).items():
+        expect = 8 if "gate_up" in name else 8 + 12
+        assert body.count("QGMMA.64x128x32.F32.E4M3.E4M3") == expect, name
+    assert len(_functions(sass)) == 4
     assert "HMMA" not in sass
     for op in ("UTMALDG.2D", "LDGSTS", "REDG.E.ADD.BF16x8"):
         assert op in sass, op

@@ -405,6 +405,10 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
         "wgmma_serialized": {k: r.wgmma_serialized for k, r in res.items() if r.wgmma_serialized},
         "resources_from": sorted({r.source for r in res.values()}),
         "mma": "wgmma m64n128k32 e4m3 -> f32, tokens in M",
+        # how down walks its tiles (the kernel chooses by I; a build's source may choose otherwise)
+        "down_walk": (("two accumulators, one K step a tile" if s.I == GROUP else
+                       "one accumulator, promoted over I/128 K steps a tile") if source is None
+                      else "the build's source decides"),
         "output": "written: gate_up zeroes it, down adds into it",
     }
     return PreparedCall(arm=arm_name, run=launch, output=out,

@@ -52,6 +52,9 @@
 // 16-byte red.global.add.noftz.v4.bf16x2 into the token's output row (the combine; the sum's
 // last bit depends on the order the reductions land, as in the decode kernel), issued while the
 // next tile's wgmma run: a warpgroup stages tile t, and reduces it after issuing tile t + 1's.
+// Where I = 128 (both families' slices) a down tile is one K step with no promotion, and down
+// walks its tiles with two accumulators (consume_down_one_step): tile t + 1's wgmma also run
+// while tile t is scaled and staged, not only while tile t - 1 is reduced.
 //
 // Blocks at or past the device-side padded total, or with an expert outside [0, E), are
 // skipped by both kernels (their slots' intermediate rows are never written or read).
@@ -606,6 +609,127 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
                   p.rows_per_expert, pend_n0);
 }
 
+// down where I = 128 (one K step a tile, no promotion): two accumulators, so that tile t + 1's
+// wgmma run while tile t is scaled, staged and the tile before it reduced. A warpgroup walks its
+// CTA's items tile by tile:
+//   issue t + 1 (wait its stage, four wgmma into the free accumulator), wait for all but that batch;
+//   tile t: its scales, its stage released, the staged tile t - 1 reduced into the output, tile t
+//   staged (its item's token rows into the table first, when it opens an item).
+// One row table a warpgroup: it is rewritten only after the reductions that read it (the barrier
+// between the reduce and the staging), and read only by the tile staged after it.
+struct DownTile {
+  int n0;          // this warpgroup's first output column
+  float rw0, rw1;  // the route weights of the thread's rows r0 and r1 (0 for padding)
+  bool opens;      // the first tile of its item: the table is rewritten before it is staged, from
+  int row;         // (threads tid < 64) block row tid's token row, -1 for padding
+};
+
+template <bool OV>
+__device__ __forceinline__ void consume_down_one_step(const Problem& p, uint8_t* smem, uint64_t* full,
+                                                      uint64_t* empty, const float* __restrict__ route_w,
+                                                      uint16_t* __restrict__ out, int top_k) {
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int w = tid / 32, lane = tid % 32, g = lane / 4;
+  const int r0 = 16 * w + g, r1 = r0 + 8;
+  const int items = num_items<false>(p);
+  uint8_t* c_tile = smem + OFF_C + wg * BLOCK_M * C_ROW;
+  int* rows = row_table(smem, wg, 0);
+  // the walk: the item being handed out, its span and next tile; the next item's plan entries (the
+  // expert, rows r0 and r1, and block row `tid` for the table), read one item ahead
+  int item = int(blockIdx.x) - int(gridDim.x), tile = 0, tile1 = 0;
+  ItemMeta next{-1, -1, -1};
+  int next_row = -1, row = -1;
+  float rw0 = 0.f, rw1 = 0.f;
+  bool opens = false;
+  auto fetch = [&](int it) {
+    if (it >= items) return;
+    next = load_meta<false, OV>(p, it, r0);
+    next_row = tid < BLOCK_M ? p.sorted_ids[item_place<false, OV>(p, it).x * BLOCK_M + tid] : -1;
+  };
+  fetch(blockIdx.x);
+  auto advance = [&](DownTile& t) -> bool {
+    while (tile >= tile1) {  // the next item with an expert in range (the producer skips the others)
+      item += gridDim.x;
+      if (item >= items) return false;
+      const ItemMeta m = next;
+      const int r = next_row;
+      const Span sp = item_span<false, OV>(p, item);
+      fetch(item + gridDim.x);
+      if (m.expert < 0 || m.expert >= p.num_experts) continue;
+      tile = sp.tile0, tile1 = sp.tile1, opens = true;
+      rw0 = real_slot(m.slot0, p.num_slots) ? route_w[m.slot0] : 0.f;
+      rw1 = real_slot(m.slot1, p.num_slots) ? route_w[m.slot1] : 0.f;
+      row = real_slot(r, p.num_slots) ? r / top_k : -1;
+    }
+    t = DownTile{tile * BLOCK_N + wg * WG_N, rw0, rw1, opens, row};
+    ++tile, opens = false;
+    return true;
+  };
+  // tile `step`'s stage: wait for it, then its four wgmma into d
+  auto issue = [&](float (&d)[64], int step) {
+    const int s = step % STAGES;
+    mbar_wait(&full[s], (step / STAGES) & 1);
+    fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
+    const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
+    const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_K / 32; ++kk) Wgmma<128>::mma(d, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
+    wgmma_commit();
+  };
+  int pend_n0 = -1;  // the staged tile not yet reduced: its first output column (-1: none)
+  // tile `step` (its wgmma done): scaled, staged, and the tile staged before it reduced
+  auto finish = [&](const float (&d)[64], const DownTile& t, int step) {
+    const int s = step % STAGES;
+    const float* sc = reinterpret_cast<const float*>(smem + OFF_S) + s * SCALES;
+    const float ws = sc[BLOCK_M + wg];
+    const float f0 = ws * sc[r0], f1 = ws * sc[r1];
+    mbar_arrive(&empty[s]);  // this thread's reads of stage s are done (every reader arrives)
+    if (pend_n0 >= 0) reduce_staged(c_tile, rows + (tid / 16) * 8, tid, out, p.rows_per_expert, pend_n0);
+    named_barrier(2 + wg, 128);  // the staged tile and the table are read: both may be rewritten
+    if (t.opens && tid < BLOCK_M) rows[(tid % 8) * 8 + tid / 8] = t.row;
+    const int q = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      *reinterpret_cast<uint32_t*>(c_tile + r0 * C_ROW + (8 * j + 2 * q) * 2) =
+          pack_bf16x2(d[4 * j] * f0 * t.rw0, d[4 * j + 1] * f0 * t.rw0);
+      *reinterpret_cast<uint32_t*>(c_tile + r1 * C_ROW + (8 * j + 2 * q) * 2) =
+          pack_bf16x2(d[4 * j + 2] * f1 * t.rw1, d[4 * j + 3] * f1 * t.rw1);
+    }
+    named_barrier(2 + wg, 128);  // the tile (and its table) is staged
+    pend_n0 = t.n0 < p.rows_per_expert ? t.n0 : -1;
+  };
+  float d0[64], d1[64];
+  DownTile t0, t1;
+  int step = 0;
+  // The loop's two halves, one an accumulator, each end in their own wait (all but the batch just
+  // issued, or all at the walk's end) right before the tile is read: with one shared tail after
+  // a choice of waits, ptxas serialized every wgmma. Whether a tile follows is the same for every
+  // thread; the vote lets ptxas see that too (on a branch it cannot, it serializes them as well).
+  if (__all_sync(~0u, advance(t0))) {
+    issue(d0, step);
+    for (;;) {
+      if (!__all_sync(~0u, advance(t1))) {
+        wgmma_wait<0>();
+        finish(d0, t0, step);
+        break;
+      }
+      issue(d1, step + 1);
+      wgmma_wait<1>();
+      finish(d0, t0, step++);
+      if (!__all_sync(~0u, advance(t0))) {
+        wgmma_wait<0>();
+        finish(d1, t1, step);
+        break;
+      }
+      issue(d0, step + 1);
+      wgmma_wait<1>();
+      finish(d1, t1, step++);
+    }
+  }
+  if (pend_n0 >= 0) reduce_staged(c_tile, rows + (tid / 16) * 8, tid, out, p.rows_per_expert, pend_n0);
+}
+
 // ---------------------------------------------------------------------------------- kernels
 
 template <bool GATE_UP, bool OV>
@@ -631,7 +755,10 @@ __device__ __forceinline__ void run(const Problem& p, uint8_t* a_out, float* a_s
     if (threadIdx.x < CONSUMERS + 32) produce<GATE_UP, OV>(p, smem, full, empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-    consume<GATE_UP, OV>(p, smem, full, empty, a_out, a_scale_out, route_w, out, top_k);
+    if (!GATE_UP && p.k_dim == BLOCK_K)
+      consume_down_one_step<OV>(p, smem, full, empty, route_w, out, top_k);
+    else
+      consume<GATE_UP, OV>(p, smem, full, empty, a_out, a_scale_out, route_w, out, top_k);
   }
 }
 
