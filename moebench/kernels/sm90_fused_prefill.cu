@@ -704,7 +704,8 @@ __device__ __forceinline__ void consume_down_one_step(const Problem& p, uint8_t*
   int step = 0;
   // The loop's two halves, one an accumulator, each end in their own wait (all but the batch just
   // issued, or all at the walk's end) right before the tile is read: with one shared tail after
-  // a choice of waits, ptxas serialized every wgmma. Whether a tile follows is the same for every
+  // a choice of waits, ptxas serialized every wgmma, and it did again with the halves as one
+  // lambda called twice, so they are written out. Whether a tile follows is the same for every
   // thread; the vote lets ptxas see that too (on a branch it cannot, it serializes them as well).
   if (__all_sync(~0u, advance(t0))) {
     issue(d0, step);
