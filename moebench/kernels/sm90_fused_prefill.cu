@@ -405,6 +405,21 @@ __device__ __forceinline__ void reduce_staged(const uint8_t* c_tile, const int* 
   }
 }
 
+// A consumer warpgroup's K step `step`: wait for its stage, then the stage's four wgmma into d (fresh
+// sums), committed as one batch; the caller waits for it.
+__device__ __forceinline__ void issue_step(uint8_t* smem, uint64_t* full, int step, int wg, float* d) {
+  const int s = step % STAGES;
+  mbar_wait(&full[s], (step / STAGES) & 1);
+  fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
+  const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
+  const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BLOCK_K / 32; ++kk)  // +32 bytes of K = +2 in the descriptor's 16-byte units
+    Wgmma<128>::mma(d, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
+  wgmma_commit();
+}
+
 template <bool GATE_UP, bool OV>
 __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
                                         // gate_up's outputs
@@ -470,15 +485,7 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
       // of the tile before is held live while its wgmma run (and down reduces that tile then).
       auto k_step = [&](const int kb, const bool first) {
         const int s = step % STAGES;
-        mbar_wait(&full[s], (step / STAGES) & 1);
-        fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
-        const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
-        const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_K / 32; ++kk)  // +32 bytes of K = +2 in the descriptor's 16-byte units
-          Wgmma<128>::mma(part, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
-        wgmma_commit();
+        issue_step(smem, full, step, wg, part);
         if (!GATE_UP && first && pend_n0 >= 0) {
           // down: the tile staged before, reduced into the output while this one's wgmma run
           reduce_staged(smem + OFF_C + wg * BLOCK_M * C_ROW, row_table(smem, wg, pend_par) + (tid / 16) * 8, tid,
@@ -665,18 +672,7 @@ __device__ __forceinline__ void consume_down_one_step(const Problem& p, uint8_t*
     ++tile, opens = false;
     return true;
   };
-  // tile `step`'s stage: wait for it, then its four wgmma into d
-  auto issue = [&](float (&d)[64], int step) {
-    const int s = step % STAGES;
-    mbar_wait(&full[s], (step / STAGES) & 1);
-    fence_proxy_async_smem();  // cp.async (generic proxy) results -> wgmma (async proxy)
-    const uint64_t a_desc = wgmma_desc_sw128(smem + OFF_A + s * A_TILE);
-    const uint64_t b_desc = wgmma_desc_sw128(smem + OFF_B + s * B_TILE + wg * WG_N * BLOCK_K);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BLOCK_K / 32; ++kk) Wgmma<128>::mma(d, a_desc + 2 * kk, b_desc + 2 * kk, kk > 0);
-    wgmma_commit();
-  };
+  auto issue = [&](float (&d)[64], int step) { issue_step(smem, full, step, wg, d); };
   int pend_n0 = -1;  // the staged tile not yet reduced: its first output column (-1: none)
   // tile `step` (its wgmma done): scaled, staged, and the tile staged before it reduced
   auto finish = [&](const float (&d)[64], const DownTile& t, int step) {
