@@ -107,9 +107,9 @@ def fused_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def fused_every_m() -> str:
-    """cuda-fused against the issue's bars over the two M sweeps: where it is the fastest arm, its
-    lead over the best stock arm at M <= 256, and its share of the FP8 peak at M >= 4096."""
+def fused_every_m(results: Path = RESULTS) -> str:
+    """cuda-fused against the issue's bars over the two M sweeps under `results`: where it is the
+    fastest arm, its lead over the best stock arm at M <= 256, and its share of the FP8 peak at M >= 4096."""
     sys.path.insert(0, str(ROOT))
     from moebench.results.roofline import shape_floors
     from moebench.results.store import load
@@ -117,7 +117,7 @@ def fused_every_m() -> str:
     lines = ["| family | fastest arm at | cuda-swapab's kernels (a tie) at | slower than another arm at | "
              "vs `triton` at M ≤ 256 | share of dense FP8 peak at M ≥ 4096 |", "|---|---|---|---|--:|--:|"]
     for family in ("A", "Q"):
-        r = load(RESULTS / f"sweep-fused-{family}.json.gz")
+        r = load(results / f"sweep-fused-{family}.json.gz")
         by = {(x.shape, x.arm): x.median_ns for x in r.summaries}
         ms = {f.name: f.M for f in r.fixtures}
         floors = shape_floors(r)
@@ -224,6 +224,7 @@ def sections() -> dict[str, str]:
         "noise": moebench("report", "results/h200/noise-cuda-fused.json", "--format", "summary"),
         "aa-proof": (RESULTS / "aa-proof" / "summary.md").read_text(),
         "fused-every-m": fused_every_m(),
+        "fused-every-m-h100": fused_every_m(ROOT / "results" / "h100"),
         "a1-placement": placement_table(),
         "sweep-fused-A": report_summary("sweep-fused-A"),
         "sweep-fused-Q": report_summary("sweep-fused-Q"),
