@@ -1,4 +1,5 @@
-"""Regenerate README.md's result sections and docs/h200/ from the committed H200 runs.
+"""Regenerate README.md's result sections and docs/h200/ from the committed H200 runs (and the
+H100 view of the fused sweeps from results/h100/).
 
 Every number in those sections is printed by `moebench report` / `moebench compare` from a
 RunResult under results/h200/, or read from one here; nothing is typed by hand. Each
@@ -108,7 +109,7 @@ def fused_table() -> str:
 
 
 def fused_every_m(results: Path = RESULTS) -> str:
-    """cuda-fused against the issue's bars over the two M sweeps under `results`: where it is the
+    """cuda-fused against the fused path's targets over the two M sweeps under `results`: where it is the
     fastest arm, its lead over the best stock arm at M <= 256, and its share of the FP8 peak at M >= 4096."""
     sys.path.insert(0, str(ROOT))
     from moebench.results.roofline import shape_floors
