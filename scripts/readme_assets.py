@@ -2,7 +2,7 @@
 H100 view of the fused sweeps from results/h100/).
 
 Every number in those sections is printed by `moebench report` / `moebench compare` from a
-RunResult under results/h200/, or read from one here; nothing is typed by hand. Each
+RunResult under results/, or read from one here; nothing is typed by hand. Each
 section sits between `<!-- moebench:NAME -->` and `<!-- /moebench:NAME -->` in README.md.
 
     python scripts/readme_assets.py
