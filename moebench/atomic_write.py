@@ -17,6 +17,32 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
         with open(path, "wb") as f:
             f.write(data)
         return path
+    tmp = _written_beside(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def create_whole(path: str | os.PathLike, data: bytes) -> bool:
+    """Create `path` holding `data`, only if no file of that name exists (False then): the file
+    appears whole, by a hard link to a written temporary, so a reader never sees it empty or
+    part-written, and two writers never both create it."""
+    path = Path(path)
+    tmp = _written_beside(path, data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _written_beside(path: Path, data: bytes) -> Path:
+    """A temporary beside `path` holding `data`, synced, with the permissions the umask gives."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         umask = os.umask(0)
@@ -26,8 +52,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return Path(tmp)

@@ -1,8 +1,9 @@
 """A run that survives its own end: its result is on disk after every round.
 
 Before the first round and after each one, the run's RunResult so far (the rounds done, their
-audit and statistics) is written atomically at the run's reserved path, marked incomplete
-with the planned request, so that `moebench run --resume FILE` can finish it. When the run
+audit and statistics) is written, marked incomplete with the planned request, so that
+`moebench run --resume FILE` can finish it. The first write takes a free name and creates the
+file whole; later ones replace it atomically, so a reader never finds it empty. When the run
 ends early (Ctrl-C, SIGTERM, an exception) the last file is written once more with the
 reason. A SIGKILL leaves the last round's file, whose reason says the run was in progress
 when it was written.
@@ -19,7 +20,7 @@ from typing import Callable
 from moebench.assemble import result_filename
 from moebench.errors import UserError
 from moebench.results import schema as S
-from moebench.results.store import reserve_path, save
+from moebench.results.store import save, save_new
 
 IN_PROGRESS = "in progress when written (a run killed here says no more)"
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -66,7 +67,7 @@ def incomplete(rounds_done: int, reason: str, request: dict, resumed_at: tuple[i
 
 class PartialSaver:
     """Writes the run's result after every round. `make(measurement, status)` assembles the
-    RunResult; the file is `path`, or a name reserved in `out_dir` at the first write.
+    RunResult; the file is `path`, or a free name in `out_dir` taken at the first write.
     `check(result)` sees the first result before anything is written (a resume's last check)."""
 
     def __init__(self, make: Callable, request: dict, *, path: Path | None = None, out_dir: str | None = None,
@@ -86,9 +87,10 @@ class PartialSaver:
         self._write(result)
 
     def _write(self, result: S.RunResult) -> None:
-        if self.path is None:
-            self.path = reserve_path(Path(self.out_dir) / result_filename(result))
-        save(result, self.path)
+        if self.path is None:  # the first write names the file, and it appears whole
+            self.path = save_new(result, Path(self.out_dir) / result_filename(result))
+        else:
+            save(result, self.path)
 
     def finish(self, m) -> S.RunResult:
         """The finished run, written complete."""

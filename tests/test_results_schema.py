@@ -103,3 +103,22 @@ def test_atomic_write_replaces_whole_and_leaves_no_temporaries(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_create_whole_never_replaces_and_never_shows_an_empty_file(tmp_path):
+    from moebench.atomic_write import create_whole
+    target = tmp_path / "r.json"
+    assert create_whole(target, b"first") is True
+    assert create_whole(target, b"second") is False
+    assert target.read_bytes() == b"first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_save_new_takes_the_next_free_name_and_writes_it_whole(tmp_path):
+    result = make_result()
+    first = store.save_new(result, tmp_path / "r.json")
+    second = store.save_new(result, tmp_path / "r.json")
+    gz = store.save_new(result, tmp_path / "r.json.gz")
+    assert (first.name, second.name, gz.name) == ("r.json", "r_2.json", "r.json.gz")
+    assert store.load(second) == store.load(first) == store.load(gz) == result
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.json.gz", "r_2.json"]

@@ -10,7 +10,7 @@ import os
 import zlib
 from pathlib import Path
 
-from moebench.atomic_write import atomic_write
+from moebench.atomic_write import atomic_write, create_whole
 from moebench.errors import UserError
 from moebench.results.schema import FORMAT, SCHEMA_VERSION, RunResult, from_plain, to_plain
 from moebench.results.validate import problems
@@ -33,31 +33,49 @@ def ensure_writable_dir(folder: str | Path) -> Path:
     return folder
 
 
-def reserve_path(path: str | Path) -> Path:
-    """`path`, or `stem_2.json`, `stem_3.json`, ... if taken: the name is claimed by creating the
-    file exclusively, so two runs saving in the same second never overwrite each other."""
-    path = Path(path)
+def _free_names(path: Path):
+    """`path`, then `stem_2.json`, `stem_3.json`, ...: the names a new result may take."""
     stem, suffix = (path.name[: -len(".json.gz")], ".json.gz") if path.name.endswith(".json.gz") \
         else (path.stem, path.suffix)
     for n in range(1, 10_000):
-        candidate = path if n == 1 else path.with_name(f"{stem}_{n}{suffix}")
+        yield path if n == 1 else path.with_name(f"{stem}_{n}{suffix}")
+    raise UserError(f"no free result name beside {str(path)!r}")
+
+
+def reserve_path(path: str | Path) -> Path:
+    """`path`, or `stem_2.json`, `stem_3.json`, ... if taken: the name is claimed by creating the
+    file exclusively (empty until it is written), so two runs saving in the same second never
+    overwrite each other. A result that exists when its name is chosen takes save_new instead."""
+    for candidate in _free_names(Path(path)):
         try:
             os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
             return candidate
         except FileExistsError:
             continue
-    raise UserError(f"no free result name beside {str(path)!r}")
 
 
 def save(result: RunResult, path: str | Path) -> Path:
     """Write `result` to `path` atomically: a reader sees the old file or the new one, whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = dumps(result).encode()
-    if path.suffix == ".gz":
-        data = gzip.compress(data, mtime=0)
-    atomic_write(path, data)
+    atomic_write(path, _encoded(result, path))
     return path
+
+
+def save_new(result: RunResult, path: str | Path) -> Path:
+    """Write `result` under `path`, or `stem_2.json`, ... if taken, never over another file; the
+    file appears whole (a reader watching the folder never finds it empty). Returns the name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _encoded(result, path)
+    for candidate in _free_names(path):
+        if create_whole(candidate, data):
+            return candidate
+
+
+def _encoded(result: RunResult, path: Path) -> bytes:
+    data = dumps(result).encode()
+    return gzip.compress(data, mtime=0) if path.suffix == ".gz" else data
 
 
 def loads(text: str, source: str = "<string>") -> RunResult:
