@@ -39,6 +39,7 @@ from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER, RUN_TIMERS, Timer
 PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run's
 PROBE_SAMPLES = 20
 MAX_ROUNDS = 1_000
+MAX_PLACEMENTS = 16  # each placement holds its own copy of every arm's buffers
 MAX_SAMPLES = 100_000  # per unit per round: more is a typo, and the timer's buffers are sized by it
 Key = tuple[str, str]  # (shape, arm)
 
@@ -52,6 +53,7 @@ class TimingProtocol:
     timer: str = DEFAULT_TIMER
     measure_bandwidth: bool = True
     sampler: str = "eager"  # "graph": each sample one replay of a CUDA graph of the flush and the call
+    placements: int = 1  # copies of each call on buffers of their own, taken in turn by round (Unit.call)
 
 
 def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> None:
@@ -67,6 +69,11 @@ def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> Non
         raise UserError(f"unknown --timer {p.timer!r} (known: {', '.join(timers)})")
     if p.sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {p.sampler!r} (known: {', '.join(SAMPLERS)})")
+    if not 1 <= p.placements <= MAX_PLACEMENTS:
+        raise UserError(f"--placements must be 1 to {MAX_PLACEMENTS}, got {p.placements}")
+    if p.placements > p.rounds:
+        raise UserError(f"--placements {p.placements} needs at least as many rounds (--rounds {p.rounds}): "
+                        f"each round times one placement")
     if p.sampler == "graph" and p.timer != DEFAULT_TIMER:
         raise UserError(f"--graph needs --timer {DEFAULT_TIMER}: an event pair around a replay would time the flush too")
 

@@ -58,6 +58,7 @@ class RunRequest:
     aa_arm: str | None = None  # `--aa ARM`: ARM and a second prepared copy ARM#2, for the noise floor
     noise_from: str | None = None  # `--noise-from FILE`: copy the floors a noise run measured
     sampler: str = "eager"  # `--graph`: "graph", each sample a replayed CUDA graph of flush and call
+    placements: int = 1  # `--placements P`: every arm prepared P times, round r timing copy (r - 1) mod P
     keep_going: bool = False  # arms failing the oracle are left out and the rest timed, not a stop
     determinism: bool = False  # `--determinism`: each timed call's determinism verdicts, before timing
     determinism_runs: int = DETERMINISM_RUNS  # runs of the same inputs in the run-to-run check
@@ -70,7 +71,7 @@ class RunRequest:
     @property
     def protocol(self) -> TimingProtocol:
         return TimingProtocol(self.rounds, self.samples, self.warmup, self.flush, self.timer, self.measure_bandwidth,
-                              self.sampler)
+                              self.sampler, self.placements)
 
     @property
     def names_own_arms(self) -> bool:

@@ -97,23 +97,19 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             refs = References(fx)
         build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
-            log(f"{spec.name}: preparing {arm.name}")
-            with gpu_memory_guard(f"preparing {arm.name} at {spec.name}", size, device), \
-                    kernel_fault_guard(f"{arm.name} at {spec.name}"):
-                try:
-                    call = arm.prepare(fx)
-                except CudaBuildError as err:  # a build's source NVRTC rejects: one line, the log saved
-                    raise UserError(f"{arm.name} at {spec.name}: {err.one_line()}") from None
-                par = check_parity(call, refs, spec.name)
+            log(f"{spec.name}: preparing {arm.name}" + (f" ({req.placements} placements)" if req.placements > 1 else ""))
+            calls, par, which = _placed_calls(arm, fx, refs, spec.name, req.placements, size, device)
             parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
                                   rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:
-                failures.append(ParityFailure(spec.name, arm.name, par.reason()))
+                failures.append(ParityFailure(spec.name, arm.name, which + par.reason()))
                 continue
+            call = calls[0]
             decl = tuple(call.kernels)
             infos.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
-            units.append(Unit(spec.name, arm.name, call.run, call.reset, decl))
-            keep.append(call)
+            units.append(Unit(spec.name, arm.name, call.run, call.reset, decl,
+                              others=tuple((c.run, c.reset) for c in calls[1:])))
+            keep.extend(calls)
             if req.determinism:
                 made.append(Made(fx, arm, call))
             if arm.name in plan.build_arms:
@@ -129,6 +125,30 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
                         hbm_bytes=hbm, fixtures=tuple(fixtures), arm_infos=tuple(infos), parity=tuple(parity),
                         build_parity=tuple(build_parity), balancedness=req.balancedness)
     return Prepared(subjects, units, keep, made, excluded)
+
+
+def _placed_calls(arm: Arm, fx: Fixture, refs: References, shape: str, placements: int, size: int,
+                  device: torch.device) -> tuple[list[PreparedCall], S.ParityInfo, str]:
+    """`arm` prepared `placements` times on `fx`, each copy on buffers of its own (all alive at
+    once, so no two share an address) and each checked against the oracle. The parity record is
+    the first copy's, or the first failing copy's; the str names that copy ("" for the first)."""
+    calls = []
+    for k in range(placements):
+        where = f"{arm.name} at {shape}" + (f", placement {k + 1} of {placements}" if placements > 1 else "")
+        with gpu_memory_guard(f"preparing {where}", size, device), kernel_fault_guard(where):
+            try:
+                call = arm.prepare(fx)
+            except CudaBuildError as err:  # a build's source NVRTC rejects: one line, the log saved
+                raise UserError(f"{arm.name} at {shape}: {err.one_line()}") from None
+            par = check_parity(call, refs, shape)
+        if not par.passed:
+            return calls, par, f"placement {k + 1} of {placements}: " if k else ""
+        if k == 0:
+            first = par
+        elif tuple(call.kernels) != tuple(calls[0].kernels):  # the audit holds every copy to the first's
+            raise RuntimeError(f"{where}: prepared again, it declares other kernels than its first copy")
+        calls.append(call)
+    return calls, first, ""
 
 
 def _build_parity(shape: str, outputs: dict[str, torch.Tensor], base: str | None) -> list[S.BuildParity]:

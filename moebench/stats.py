@@ -126,6 +126,60 @@ def with_ref(result, ref: str):
 
 
 # ----------------------------------------------------------------------------------------------
+# Placements: each prepared copy of a call, over the rounds that timed it.
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlacementSummary:
+    """One arm at one shape under `--placements P`: per placement (round r timed placement
+    (r - 1) mod P), the median of its rows, and of its ratio rows against the run's ref."""
+
+    shape: str
+    arm: str
+    medians_ns: tuple[float, ...]  # placement 1, 2, ...
+    ratios: tuple[float, ...] | None  # ref-row / arm-row, per placement; None for the ref itself
+
+    @property
+    def spread(self) -> float:
+        """Slowest placement over fastest, less one: what moving the buffers cost this arm."""
+        return max(self.medians_ns) / min(self.medians_ns) - 1.0
+
+
+def placement_summaries(result) -> tuple[PlacementSummary, ...]:
+    """Every (shape, arm)'s PlacementSummary, in the summaries' order; none for a run of one
+    placement. A placement whose rounds have no audited sample is left out of its arm's."""
+    n = result.settings.placements
+    if n < 2:
+        return ()
+    rows: dict[tuple[str, str], dict[int, float]] = {}
+    by_unit: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for s in summary_samples(result):
+        by_unit[(s.shape, s.arm)].append((s.round, s.value_ns))
+    for key, values in by_unit.items():
+        rows[key] = rows_by_round(values)
+
+    def by_placement(r: Mapping[int, float]) -> list[list[float]]:
+        out: list[list[float]] = [[] for _ in range(n)]
+        for rnd, v in r.items():
+            out[(rnd - 1) % n].append(v)
+        return [p for p in out if p]
+    ref = result.settings.ref
+    out = []
+    for a in result.summaries:
+        mine = rows.get((a.shape, a.arm))
+        if not mine:
+            continue
+        medians = tuple(float(median(p)) for p in by_placement(mine))
+        ratios = None
+        theirs = rows.get((a.shape, ref))
+        if a.arm != ref and theirs:
+            paired = {r: theirs[r] / mine[r] for r in mine if r in theirs}
+            ratios = tuple(float(median(p)) for p in by_placement(paired))
+        out.append(PlacementSummary(a.shape, a.arm, medians, ratios))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------
 # Per-kernel durations, and the stock arm against its referee.
 # ----------------------------------------------------------------------------------------------
 

@@ -137,7 +137,7 @@ def merge(parts: Sequence[S.RunResult], *, planned: Sequence[str], missing: Sequ
         p = req.protocol
         first = S.Settings(shapes=(), arms=req.arms, ref=req.ref_arm, rounds=p.rounds, samples=p.samples,
                            warmup=p.warmup, flush=p.flush, flush_bytes=0, timer=p.timer,
-                           balancedness=req.balancedness)
+                           balancedness=req.balancedness, sampler=p.sampler, placements=p.placements)
     settings = replace(first, shapes=tuple(done), options=options)
     audits = [p.audit for p in parts]
     audit = S.Audit(sum(a.samples_total for a in audits), sum(a.samples_passed for a in audits),

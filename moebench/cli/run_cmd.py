@@ -80,6 +80,11 @@ def _progress(console: Console, total: int):
 @click.option("--graph", is_flag=True,
               help="Each sample one replay of a CUDA graph of the flush and the call (the decode path: no host "
                    "gaps between kernels); kernels still from CUPTI, audited.")
+@click.option("--placements", type=int, default=1, show_default=True, metavar="P",
+              help="Prepare every arm P times, each copy on buffers of its own, and time copy (r - 1) mod P in "
+                   "round r: where an arm's buffers land in memory becomes round-to-round spread, not a bias of "
+                   "one arm (the tables give each placement's median). Needs --rounds >= P; P copies of each "
+                   "arm's own buffers stay on the GPU.")
 @click.option("--aa", "aa_arm", default=None, metavar="ARM",
               help="A/A noise floor: time ARM beside ARM#2, a second copy prepared on separately allocated "
                    "inputs; the result records the floor per shape, and compare widens its SAME band to it.")
@@ -106,13 +111,15 @@ def _progress(console: Console, total: int):
                    "beside it must be the file's): the remaining rounds only.")
 @click.pass_context
 def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
-                external_arms, ref, rounds, samples, warmup, flush, timer, graph, aa_arm, noise_from, triton_config, pdl,
-                max_fixture_gb, keep_going, determinism, determinism_runs, cross_process, out_dir, resume_path):
+                external_arms, ref, rounds, samples, warmup, flush, timer, graph, placements, aa_arm, noise_from,
+                triton_config, pdl, max_fixture_gb, keep_going, determinism, determinism_runs, cross_process, out_dir,
+                resume_path):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
-                      out_dir, graph=graph, aa_arm=aa_arm, noise_from=noise_from, keep_going=keep_going,
+                      out_dir, graph=graph, placements=placements, aa_arm=aa_arm, noise_from=noise_from,
+                      keep_going=keep_going,
                       determinism=determinism, determinism_runs=determinism_runs, cross_process=cross_process)
     log, progress = lambda m: console.print(Text(m, style="dim")), lambda total: _progress(console, total)
     try:
@@ -135,7 +142,7 @@ def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                 out_dir, graph: bool = False, determinism: bool = False, determinism_runs: int | None = None,
                 cross_process: bool | None = None, **more) -> RunRequest:
     """The RunRequest of `moebench run`'s options (also `sweep`'s); `more`: further RunRequest
-    fields (the A/A arm, a noise file, the sampler)."""
+    fields (the A/A arm, a noise file, the placements)."""
     more.update(_determinism_fields(determinism, determinism_runs, cross_process))
     return RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
                       arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,

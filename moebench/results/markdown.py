@@ -46,7 +46,10 @@ def method_sentence(s: Settings) -> str:
             f"{s.samples} samples per arm ({s.warmup} warm-up{'' if s.warmup == 1 else 's'} each), odd rounds in the order "
             f"{order} and even rounds reversed; a row is a round's median, an arm's time the "
             f"median of its rows, a ratio the median over rounds of `{s.ref}` row / arm row "
-            f"(> 1: the arm is faster).")
+            f"(> 1: the arm is faster)." + (
+                f" Every arm was prepared {s.placements} times, each copy on buffers of its own, and round r "
+                f"timed copy (r - 1) mod {s.placements}, so where its buffers landed is spread over the rounds."
+                if s.placements > 1 else ""))
 
 
 def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
@@ -56,7 +59,8 @@ def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
         return "\n\n".join(p for p in (determinism_markdown(result.determinism, heading), _provenance(ix),
                                         _reproduce(ix)) if p) + "\n"
     parts = [_title(ix), _warnings(ix), _summary_table(ix), _sweep_floors(ix), method_sentence(result.settings),
-             referee_markdown(result), determinism_markdown(result.determinism), _per_round_table(ix),
+             referee_markdown(result), placement_markdown(result), determinism_markdown(result.determinism),
+             _per_round_table(ix),
              _images(images), _provenance(ix), _reproduce(ix)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -152,6 +156,20 @@ def referee_markdown(result: RunResult) -> str:
                    "lllr" + "r" * len(labels) + "l", rows)
     return ("Stock arm against its referee (time ratio stock / referee; the call paired by round, each kernel "
             "its median of round medians):\n\n" + table)
+
+
+def placement_markdown(result: RunResult) -> str:
+    """Each arm by placement, for a run of several (moebench.stats.placement_summaries)."""
+    from moebench.stats import placement_summaries
+    rows = [[p.shape, f"`{p.arm}`", " / ".join(us(m) for m in p.medians_ns), f"{p.spread:.1%}",
+             "—" if p.ratios is None else " / ".join(f"{x:.3f}" for x in p.ratios)]
+            for p in placement_summaries(result)]
+    if not rows:
+        return ""
+    return ("By placement (the median of the rounds each prepared copy ran, µs; the ratio against "
+            f"`{result.settings.ref}` in those rounds):\n\n"
+            + _table(["shape", "arm", "median per placement", "spread", "ratio per placement"],
+                     ["l", "l", "r", "r", "r"], rows))
 
 
 def _per_round_table(ix: ResultIndex) -> str:

@@ -154,6 +154,7 @@ class Settings:
     balancedness: float
     options: dict[str, Any] = field(default_factory=dict)  # e.g. triton_config path
     sampler: str = "eager"  # "eager": launched call by call; "graph": one CUDA graph replay per sample
+    placements: int = 1  # prepared copies of each call; round r timed copy (r - 1) mod placements
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ def timer_label(result: RunResult) -> str:
     s = result.settings
     return f"timer: {timed_metric(s.timer).source} · flush: {s.flush} ({s.flush_bytes / 2**20:,.0f} MiB) · " \
            f"sampler: {SAMPLER_WORDS.get(s.sampler, s.sampler)} · " \
-           f"{s.rounds} rounds × {s.samples} samples (+{s.warmup} warm-up)"
+           f"{s.rounds} rounds × {s.samples} samples (+{s.warmup} warm-up)" + \
+           (f" · {s.placements} placements in turn" if s.placements > 1 else "")
 
 
 def throttle_lines(result: RunResult) -> list[str]:
@@ -152,6 +153,28 @@ def kernel_table(kernels) -> Table | None:
     return t
 
 
+def placement_table(placements, ref: str) -> Table | None:
+    """Each arm's median per placement and their spread, and its ratio against `ref` per
+    placement (PlacementSummary records, from moebench.stats)."""
+    if not placements:
+        return None
+    t = Table(title="by placement: median of the rounds each prepared copy ran (µs), and the ratio "
+                    f"vs {ref} in those rounds", title_justify="left")
+    for col in ("shape", "arm"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("median per placement", justify="right")
+    t.add_column("spread", justify="right")
+    t.add_column("ratio per placement", justify="right")
+    last = None
+    for p in placements:
+        if last is not None and p.shape != last:
+            t.add_section()
+        t.add_row(p.shape, p.arm, " / ".join(us(m) for m in p.medians_ns), f"{p.spread:.1%}",
+                  "—" if p.ratios is None else " / ".join(f"{x:.3f}" for x in p.ratios))
+        last = p.shape
+    return t
+
+
 def referee_table(checks) -> Table | None:
     """The stock arm against its referee (RefereeCheck records, from moebench.stats)."""
     if not checks:
@@ -183,7 +206,7 @@ def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
 
 
 def print_tables(result: RunResult, console: Console | None = None, *, kernels: bool = False) -> None:
-    from moebench.stats import kernel_summaries, referee_checks
+    from moebench.stats import kernel_summaries, placement_summaries, referee_checks
     console = console or make_console()
     if result.determinism:
         console.print(determinism_table(result.determinism))
@@ -198,7 +221,8 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     ratios = ratio_table(result)
     if ratios is not None:
         console.print(ratios)
-    for table in (kernel_table(kernel_summaries(result)) if kernels else None, referee_table(referee_checks(result))):
+    for table in (placement_table(placement_summaries(result), result.settings.ref),
+                  kernel_table(kernel_summaries(result)) if kernels else None, referee_table(referee_checks(result))):
         if table is not None:
             console.print(table)
     for line in noise_lines(result):

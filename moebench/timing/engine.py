@@ -64,15 +64,30 @@ def nvtx_markers_or_none() -> Markers:
         return NoMarkers()
 
 
+Call = tuple[Callable[[], None], "Callable[[], None] | None"]  # (run, reset) of one prepared copy
+
+
 @dataclass
 class Unit:
-    """One arm at one shape, prepared: what the loop times."""
+    """One arm at one shape, prepared: what the loop times. `others` are further copies of the
+    same call, each on buffers of its own (`--placements`): round r runs copy (r - 1) mod n,
+    `run` and `reset` being copy 0, so where a copy's memory lands spreads over the rounds."""
 
     shape: str
     arm: str
     run: Callable[[], None]
     reset: Callable[[], None] | None = None
     kernels: tuple[DeclaredKernel, ...] | None = None  # what a sample must hold (None: infer from the samples)
+    others: tuple[Call, ...] = ()
+
+    @property
+    def placements(self) -> int:
+        return 1 + len(self.others)
+
+    def call(self, round_: int) -> Call:
+        """(run, reset) of the copy round `round_` (1-based) times."""
+        k = (round_ - 1) % self.placements
+        return (self.run, self.reset) if k == 0 else self.others[k - 1]
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,8 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, 
     """Time every unit `config.samples` times per round, rounds `config.first_round` to
     `config.rounds`. Units of one shape are paired: they run back to back, forward in odd
     rounds and reversed in even ones; shapes keep the order they first appear in `units`.
-    Round r's samples take the external ids they would in a run from round 1."""
+    Round r's samples take the external ids they would in a run from round 1, and a unit with
+    several placements runs the copy of round r (Unit.call)."""
     markers = markers or NoMarkers()
     shapes: dict[str, list[Unit]] = {}
     for u in units:
@@ -125,7 +141,8 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, 
         markers.push(f"round {r}")
         for shape_units in shapes.values():
             for u in round_order(shape_units, r):
-                run, reset = u.run, u.reset or _noop
+                run, reset = u.call(r)
+                reset = reset or _noop
                 markers.push(f"{u.shape} {u.arm}")
                 for _ in range(n_warmup):
                     reset()

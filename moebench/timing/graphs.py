@@ -47,28 +47,33 @@ def learn_flush_kernels(backend, recorder) -> tuple[str, ...]:
 
 
 def graph_units(units: Sequence[Unit], backend) -> list[Unit]:
-    """Each unit with its run() replaced by the replay of a graph of [flush, run()]. A call that
+    """Each unit with its run() replaced by the replay of a graph of [flush, run()], one graph a
+    placement. A call that
     cannot be captured (a host sync or allocation inside it) is a UserError naming the arm."""
     if backend.capture is None:
         raise UserError("--graph: this timing backend cannot capture CUDA graphs")
     flush = backend.flush
     out = []
     for u in units:
-        run = u.run
-
-        def flushed_call(run=run) -> None:
-            flush()
-            run()
-        try:
-            replay = backend.capture(flushed_call)
-        except UserError:
-            raise
-        except Exception as err:  # noqa: BLE001 (whatever the capture raised is the arm's to fix)
-            first = (str(err).strip().splitlines() or [""])[0][:160]
-            raise UserError(f"--graph: arm {u.arm} at {u.shape} cannot be captured in a CUDA graph "
-                            f"({type(err).__name__}: {first}); time it eagerly (without --graph)") from None
-        out.append(Unit(u.shape, u.arm, replay, u.reset, u.kernels))
+        replays = [(_captured(u, run, flush, backend), reset) for run, reset in (u.call(r) for r in range(1, u.placements + 1))]
+        (replay, reset), others = replays[0], tuple(replays[1:])
+        out.append(Unit(u.shape, u.arm, replay, reset, u.kernels, others))
     return out
+
+
+def _captured(u: Unit, run, flush, backend):
+    """The replay of a graph of [flush, run()], or a UserError naming the arm."""
+    def flushed_call() -> None:
+        flush()
+        run()
+    try:
+        return backend.capture(flushed_call)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 (whatever the capture raised is the arm's to fix)
+        first = (str(err).strip().splitlines() or [""])[0][:160]
+        raise UserError(f"--graph: arm {u.arm} at {u.shape} cannot be captured in a CUDA graph "
+                        f"({type(err).__name__}: {first}); time it eagerly (without --graph)") from None
 
 
 def strip_flush(samples: Sequence[Sample], tagged: Sequence[TaggedKernel],
