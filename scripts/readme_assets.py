@@ -175,6 +175,32 @@ def placement_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def placements_rows() -> str:
+    """One placement against four (`run --placements`): the A/A pair of cuda-fused and the
+    two-accumulator walk against the kernel before it, on an H100, read off the four runs."""
+    sys.path.insert(0, str(ROOT))
+    from moebench.results.store import load
+    from moebench.stats import placement_summaries
+
+    exp = ROOT / "results" / "h100" / "experiments"
+    runs = [("`--aa cuda-fused`, 8 rounds (`placements-aa-one.json.gz`)", "placements-aa-one.json.gz", "A8192"),
+            ("`--aa cuda-fused`, 8 rounds (`placements-aa-four.json.gz`)", "placements-aa-four.json.gz", "A8192"),
+            ("the two-accumulator walk against the kernel before it", "prefill-down-two-acc-placements.json.gz",
+             "A8192"),
+            ("the same, Q8192", "prefill-down-two-acc-placements.json.gz", "Q8192")]
+    lines = ["| run (H100, A8192 unless named) | placements | ratio [range over rounds] | per placement | "
+             "each arm's spread |", "|---|--:|--:|--:|--:|"]
+    for title, name, shape in runs:
+        r = load(exp / name)
+        ratio = next(x for x in r.ratios if x.shape == shape)
+        places = [p for p in placement_summaries(r) if p.shape == shape]
+        per = next((p.ratios for p in places if p.ratios), None)
+        lines.append(f"| {title} | {r.settings.placements} | {ratio.median:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] | "
+                     f"{' / '.join(f'{x:.3f}' for x in per) if per else '—'} | "
+                     f"{', '.join(f'{p.spread:.1%}' for p in places) or '—'} |")
+    return "\n".join(lines) + "\n"
+
+
 def referee_sentence(name: str) -> str:
     """The stock arm against its referee in one committed run, as the Markdown report gives it."""
     sys.path.insert(0, str(ROOT))
@@ -227,6 +253,7 @@ def sections() -> dict[str, str]:
         "fused-every-m": fused_every_m(),
         "fused-every-m-h100": fused_every_m(ROOT / "results" / "h100"),
         "a1-placement": placement_table(),
+        "placements": placements_rows(),
         "sweep-fused-A": report_summary("sweep-fused-A"),
         "sweep-fused-Q": report_summary("sweep-fused-Q"),
         "graph": moebench("compare", "results/h200/graph-vs-eager-eager.json.gz",
