@@ -74,6 +74,7 @@ def test_a_callable_that_launches_nothing_fails_the_audit():
     (dict(kernels={"a": ["("]}), "is not a regex"),
     (dict(rounds=0), "--rounds"),
     (dict(label="a b"), "label"),
+    (dict(reset={"a": [lambda: None, lambda: None]}), "reset of 'a' gives 2 callables for 1 copy"),
 ])
 def test_bench_mistakes_raise_user_error(kwargs, needle):
     with pytest.raises(UserError, match=None) as exc:
@@ -100,3 +101,31 @@ def test_statistics_leave_out_the_samples_the_audit_rejected(tmp_path):
     assert s.samples == 4 and s.median_ns == 1000  # the rejected 91 µs samples are not in the median
     (path,) = tmp_path.glob("*.json")
     assert load(path) == result  # the loader recomputes the same statistics from the same samples
+
+
+def test_copies_of_a_call_are_timed_in_turn_by_round():
+    from moebench.stats import placement_summaries
+    gpu = FakeGpu()
+    resets = []
+    mine = [lambda ns=ns: gpu.launch("k", ns) for ns in (1000, 1300, 1100)]
+    theirs = [lambda: gpu.launch("t", 2000)] * 3
+    result = moebench.bench({"theirs": theirs, "mine": mine}, reset={"mine": [lambda k=k: resets.append(k)
+                                                                               for k in range(3)]},
+                            rounds=4, samples=2, warmup=0, backend=fake_backend(gpu))
+    assert result.settings.placements == 3 and result.audit.passed
+    assert {s.round: s.value_ns for s in result.samples if s.arm == "mine"} == {1: 1000, 2: 1300, 3: 1100, 4: 1000}
+    assert resets == [0, 0, 1, 1, 2, 2, 0, 0]  # each copy's own reset, before each of its samples
+    (_, p) = placement_summaries(result)
+    assert p.medians_ns == (1000, 1300, 1100) and p.ratios == pytest.approx((2.0, 2000 / 1300, 2000 / 1100))
+
+
+@pytest.mark.parametrize("callables, needle", [
+    ({"a": [lambda: None, lambda: None], "b": lambda: None}, "same number of copies (a: 2, b: 1)"),
+    ({"a": []}, "mapped to a callable or a list of callables"),
+    ({"a": [lambda: None, 3]}, "mapped to a callable or a list of callables"),
+    ({"a": [lambda: None] * 3}, "--placements 3 needs at least as many rounds (--rounds 2)"),
+])
+def test_copies_mistakes_raise_user_error(callables, needle):
+    with pytest.raises(UserError) as exc:
+        moebench.bench(callables, rounds=2, backend=fake_backend(FakeGpu()))
+    assert needle in str(exc.value)
