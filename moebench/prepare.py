@@ -97,7 +97,8 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             refs = References(fx)
         build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
-            log(f"{spec.name}: preparing {arm.name}" + (f" ({req.placements} placements)" if req.placements > 1 else ""))
+            copies = f" ({req.placements} placements)" if req.placements > 1 else ""
+            log(f"{spec.name}: preparing {arm.name}{copies}")
             calls, par, which = _placed_calls(arm, fx, refs, spec.name, req.placements, size, device)
             parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
                                   rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))

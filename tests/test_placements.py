@@ -99,16 +99,22 @@ def test_a_run_times_every_copy_in_turn_and_reports_each_placement(tmp_path):
     console = Console(record=True, width=200)
     print_tables(result, console)
     text = console.export_text()
-    assert "by placement" in text and "2.00 / 2.60 / 2.20" in text and "30.0%" in text and "1.500 / 1.154 / 1.364" in text
-    assert "3 placements in turn" in text
+    assert "by placement" in text and "3 placements in turn" in text
+    assert "2.00 / 2.60 / 2.20" in text and "30.0%" in text and "1.500 / 1.154 / 1.364" in text
     md = render_markdown(result)
-    assert "By placement" in md and "prepared 3 times" in md and "| T8 | `placed-slow` | 2.00 / 2.60 / 2.20 | 30.0% |" in md
+    assert "By placement" in md and "prepared 3 times" in md
+    assert "| T8 | `placed-slow` | 2.00 / 2.60 / 2.20 | 30.0% | 1.500 / 1.154 / 1.364 |" in md
 
 
-def test_one_placement_is_the_plain_run(tmp_path):
-    result, _ = run(RunRequest(shapes=("T8",), arms=("placed-ref",), rounds=2, samples=2, warmup=0,
-                               out_dir=str(tmp_path), measure_bandwidth=False), backend())
-    assert result.settings.placements == 1 and placement_summaries(result) == ()
+def test_one_placement_is_the_plain_run_and_compare_notes_the_difference(tmp_path):
+    from moebench.results.compare import compare_results
+    one, _ = run(RunRequest(shapes=("T8",), arms=("placed-ref",), rounds=3, samples=2, warmup=0,
+                            out_dir=str(tmp_path), measure_bandwidth=False), backend())
+    three, _ = run(RunRequest(shapes=("T8",), arms=("placed-ref",), rounds=3, samples=2, warmup=0,
+                              out_dir=str(tmp_path), measure_bandwidth=False, placements=3), backend())
+    assert one.settings.placements == 1 and placement_summaries(one) == ()
+    assert "settings differ: placements 1 vs 3" in compare_results(one, three).notes
+    assert not any("placements" in n for n in compare_results(three, three).notes)
 
 
 def test_a_copy_that_fails_the_oracle_stops_the_run_naming_the_copy(tmp_path):

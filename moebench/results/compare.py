@@ -250,7 +250,8 @@ def _identity_changes(ia: ResultIndex, ib: ResultIndex, shape: str, arm: str) ->
     return tuple(k for k in keys if xa.identity.get(k) != xb.identity.get(k))
 
 
-SETTINGS_TO_MATCH = ("timer", "sampler", "placements", "flush", "flush_bytes", "rounds", "samples", "warmup", "balancedness", "ref")
+SETTINGS_TO_MATCH = ("timer", "sampler", "placements", "flush", "flush_bytes", "rounds", "samples", "warmup",
+                     "balancedness", "ref")
 
 
 def _notes(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, rules: Rules,
