@@ -151,12 +151,10 @@ def placement_summaries(result) -> tuple[PlacementSummary, ...]:
     n = result.settings.placements
     if n < 2:
         return ()
-    rows: dict[tuple[str, str], dict[int, float]] = {}
     by_unit: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for s in summary_samples(result):
         by_unit[(s.shape, s.arm)].append((s.round, s.value_ns))
-    for key, values in by_unit.items():
-        rows[key] = rows_by_round(values)
+    rows = {key: rows_by_round(values) for key, values in by_unit.items()}
 
     def by_placement(r: Mapping[int, float]) -> list[list[float]]:
         out: list[list[float]] = [[] for _ in range(n)]

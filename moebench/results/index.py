@@ -84,6 +84,12 @@ def percent(fraction: float | None, digits: int = 1) -> str:
     return "—" if fraction is None else f"{100 * fraction:.{digits}f}%"
 
 
+def placement_cells(p) -> tuple[str, str, str]:
+    """A PlacementSummary's cells: the median per placement, their spread, the ratio per placement."""
+    return (" / ".join(us(m) for m in p.medians_ns), percent(p.spread),
+            "—" if p.ratios is None else " / ".join(f"{x:.3f}" for x in p.ratios))
+
+
 def tb_per_s(bytes_per_s: float | None) -> str:
     return "—" if bytes_per_s is None else f"{bytes_per_s / 1e12:.2f} TB/s"
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from moebench.results.determinism_view import det_text, determinism_markdown, verdicts_by_unit
-from moebench.results.index import ResultIndex, mbytes, mib, percent, ratio, tb_per_s, us
+from moebench.results.index import ResultIndex, mbytes, mib, percent, placement_cells, ratio, tb_per_s, us
 from moebench.results.roofline import shape_floors
 from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_rows
 from moebench.results.schema import RunResult, Settings
@@ -161,9 +161,7 @@ def referee_markdown(result: RunResult) -> str:
 def placement_markdown(result: RunResult) -> str:
     """Each arm by placement, for a run of several (moebench.stats.placement_summaries)."""
     from moebench.stats import placement_summaries
-    rows = [[p.shape, f"`{p.arm}`", " / ".join(us(m) for m in p.medians_ns), f"{p.spread:.1%}",
-             "—" if p.ratios is None else " / ".join(f"{x:.3f}" for x in p.ratios)]
-            for p in placement_summaries(result)]
+    rows = [[p.shape, f"`{p.arm}`", *placement_cells(p)] for p in placement_summaries(result)]
     if not rows:
         return ""
     return ("By placement (the median of the rounds each prepared copy ran, µs; the ratio against "

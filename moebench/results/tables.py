@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench.results.determinism_view import det_text, determinism_table, verdicts_by_unit
-from moebench.results.index import ResultIndex, percent, us
+from moebench.results.index import ResultIndex, percent, placement_cells, us
 from moebench.results.roofline import shape_floors
 from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_tables
 from moebench.results.schema import BuildParity, RunResult
@@ -169,8 +169,7 @@ def placement_table(placements, ref: str) -> Table | None:
     for p in placements:
         if last is not None and p.shape != last:
             t.add_section()
-        t.add_row(p.shape, p.arm, " / ".join(us(m) for m in p.medians_ns), f"{p.spread:.1%}",
-                  "—" if p.ratios is None else " / ".join(f"{x:.3f}" for x in p.ratios))
+        t.add_row(p.shape, p.arm, *placement_cells(p))
         last = p.shape
     return t
 
