@@ -82,8 +82,7 @@ def bench(callables: Mapping[str, Callable[[], None] | Sequence[Callable[[], Non
     for name in names:
         rs = resets.get(name, [None])
         calls = [(fn, rs[k % len(rs)]) for k, fn in enumerate(copies[name])]
-        (run, first_reset), others = calls[0], tuple(calls[1:])
-        units.append(Unit(label, name, run, first_reset, declared.get(name), others))
+        units.append(Unit.placed(label, name, calls, declared.get(name)))
     m = measure(units, protocol, backend)
     infos = []
     for name in names:

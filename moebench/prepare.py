@@ -108,8 +108,7 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             call = calls[0]
             decl = tuple(call.kernels)
             infos.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
-            units.append(Unit(spec.name, arm.name, call.run, call.reset, decl,
-                              others=tuple((c.run, c.reset) for c in calls[1:])))
+            units.append(Unit.placed(spec.name, arm.name, [(c.run, c.reset) for c in calls], decl))
             keep.extend(calls)
             if req.determinism:
                 made.append(Made(fx, arm, call))

@@ -80,14 +80,24 @@ class Unit:
     kernels: tuple[DeclaredKernel, ...] | None = None  # what a sample must hold (None: infer from the samples)
     others: tuple[Call, ...] = ()
 
+    @classmethod
+    def placed(cls, shape: str, arm: str, calls: Sequence[Call],
+               kernels: tuple[DeclaredKernel, ...] | None = None) -> Unit:
+        """The unit of the prepared copies `calls`, (run, reset) each, the first as `run`/`reset`."""
+        (run, reset), *others = calls
+        return cls(shape, arm, run, reset, kernels, tuple(others))
+
+    @property
+    def copies(self) -> tuple[Call, ...]:
+        return ((self.run, self.reset), *self.others)
+
     @property
     def placements(self) -> int:
         return 1 + len(self.others)
 
     def call(self, round_: int) -> Call:
         """(run, reset) of the copy round `round_` (1-based) times."""
-        k = (round_ - 1) % self.placements
-        return (self.run, self.reset) if k == 0 else self.others[k - 1]
+        return self.copies[(round_ - 1) % self.placements]
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,8 @@ def graph_units(units: Sequence[Unit], backend) -> list[Unit]:
     flush = backend.flush
     out = []
     for u in units:
-        copies = (u.call(r) for r in range(1, u.placements + 1))
-        replays = [(_captured(u, run, flush, backend), reset) for run, reset in copies]
-        (replay, reset), others = replays[0], tuple(replays[1:])
-        out.append(Unit(u.shape, u.arm, replay, reset, u.kernels, others))
+        replays = [(_captured(u, run, flush, backend), reset) for run, reset in u.copies]
+        out.append(Unit.placed(u.shape, u.arm, replays, u.kernels))
     return out
 
 
