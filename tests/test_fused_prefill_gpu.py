@@ -205,6 +205,43 @@ def test_parity_other_dims(name):
     assert_parity(fx, run_prefill(fx, poison=True), name)
 
 
+def test_the_intermediate_is_kept_in_plan_order_as_downs_tiles():
+    # gate_up stores row r of plan block b, group g, in tile (b, g) of 64 x 128 bytes, already in the
+    # wgmma's 128-byte swizzle (chunk c of row r at chunk c ^ (r % 8)), its scale at [b][g][r]: down
+    # loads each tile whole. Read back and unswizzled, every real position holds its slot's
+    # requantized intermediate (the oracle's), and padding positions are never written.
+    from moebench.fixtures.oracle import swiglu_requant
+    from moebench.fixtures.quant import dequantize_blocks, dequantize_per_token_group
+    fam, M, seed = OTHER_DIMS["N300 (N=1024)"]
+    fx = build_fixture(ShapeSpec("N300", fam, M, seed=seed)).to("cuda")
+    plan = route_plan(fx.topk_ids, fx.spec.E, BLOCK_M)
+    dims = {}
+    assert_parity(fx, run_prefill(fx, plan=plan.to("cuda"), poison=True, dims_out=dims), "N300-plan-order")
+    a, a_scale = dims["intermediate"]
+    groups, top_k = fx.spec.I // 128, fx.spec.top_k
+    blocks = plan.padded_total // BLOCK_M
+    tiles = a[:blocks * BLOCK_M].view(blocks, groups, BLOCK_M, 8, 16)  # [b][g][row][stored chunk][byte]
+    rows = torch.arange(BLOCK_M, device="cuda")
+    unswizzled = tiles[:, :, rows[:, None], torch.arange(8, device="cuda")[None, :] ^ (rows[:, None] % 8)]
+    codes = unswizzled.reshape(blocks, groups, BLOCK_M, 128).permute(0, 2, 1, 3).reshape(blocks * BLOCK_M, -1)
+    scales = a_scale[:blocks * BLOCK_M].view(blocks, groups, BLOCK_M).permute(0, 2, 1).reshape(blocks * BLOCK_M, -1)
+    sorted_ids = plan.sorted_token_ids[:blocks * BLOCK_M].to("cuda").long()
+    real = sorted_ids < fx.M * top_k
+    assert bool((~real).any()) and bool(real.sum() == fx.M * top_k)
+    assert bool((codes[~real] == 0xFF).all()), "a padding position of the intermediate was written"
+    x = dequantize_per_token_group(fx.x_fp8, fx.x_scale)
+    experts = plan.expert_ids[:blocks].to("cuda").long().repeat_interleave(BLOCK_M)
+    got = dequantize_per_token_group(codes[real].view(torch.float8_e4m3fn), scales[real])
+    want = torch.empty_like(got)
+    pos = torch.nonzero(real).squeeze(1)
+    for e in torch.unique(experts[real]).tolist():
+        mine = experts[pos] == e
+        tokens = sorted_ids[pos[mine]] // top_k
+        want[mine] = swiglu_requant(x[tokens] @ dequantize_blocks(fx.w1[e], fx.w1_scale[e]).T)
+    err = float((got - want).norm() / want.norm())
+    assert err < 2e-2, f"the intermediate by plan position is {err:.3g} from the oracle's"
+
+
 def test_small_prefill_for_the_sanitizers():
     # The shape compute-sanitizer runs (memcheck and racecheck, docs/kernels.md): small enough to
     # finish under racecheck, yet every mechanism of the path: chained K ranges over several

@@ -312,8 +312,10 @@ def make_prefill_launch(x, x_scale, w: PrefillWeights, plan: RoutePlan, topk_wei
     if out is None:
         out = torch.zeros(M, K, dtype=torch.bfloat16, device=dev)
     slots = M * top_k
-    a = torch.empty(slots, I, dtype=torch.uint8, device=dev)
-    a_scale = torch.empty(slots, I // GROUP, dtype=torch.float32, device=dev)
+    # the intermediate, one row a plan position (the shipped kernels keep it in plan order, tiles
+    # down loads whole; a build of a file that keeps it by slot indexes fewer rows: slots <= cap)
+    a = torch.empty(cap, I, dtype=torch.uint8, device=dev)
+    a_scale = torch.empty(cap, I // GROUP, dtype=torch.float32, device=dev)
     route_w = topk_weights.reshape(-1)
     w1_map, w2_map = tensor_map(w.w1, (64, 128)), tensor_map(w.w2, (64, 128))
     module = build_prefill(STAGES, source)

@@ -87,6 +87,13 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaDescriptor* map,
       : "memory");
 }
 
+// shared[dst, dst + bytes) = global[src, src + bytes) by the bulk-copy engine, completing on `bar`
+// by bytes (a multiple of 16, both ends 16-byte aligned).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
 // 16 bytes global -> shared, bypassing L1; reads `src_bytes` (0 or 16) and zero-fills the rest.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"

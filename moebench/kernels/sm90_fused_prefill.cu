@@ -1,7 +1,12 @@
 // sm90_fused_prefill.cu: the `cuda-fused` arm's path for prefill-sized expert groups (sm_90a).
 //
-//   moebench_prefill_gate_up   a[slot, 128g..] , a_scale[slot, g] = requant128(silu(x . w1_gate^T) * (x . w1_up^T))
-//   moebench_prefill_down      out[token(slot), :] += route_w[slot] * (a[slot] . w2[e]^T)      BF16 reduce-add
+//   moebench_prefill_gate_up   a[pos, 128g..] , a_scale[pos, g] = requant128(silu(x . w1_gate^T) * (x . w1_up^T))
+//   moebench_prefill_down      out[token(pos), :] += route_w[slot(pos)] * (a[pos] . w2[e]^T)   BF16 reduce-add
+// where pos = 64 b + r is row r of route-plan block b and slot(pos) the plan's entry there. The
+// intermediate is kept in plan order, in the tiles down's wgmma reads: a is [blocks][I/128] tiles
+// of 64 rows x 128 bytes, each already in the 128-byte swizzle (16-byte chunk c of row r at chunk
+// c ^ (r % 8)), and a_scale [blocks][I/128][64]; so down loads a K step's activations and their
+// scales by two bulk copies, with no gather. Padding rows are never written, and never reduced.
 // gate_up also zeroes `out` when the launch writes it rather than adding into it (bulk copies from
 // shared memory, one a K step: the output's write traffic spread under the GEMM).
 //
@@ -34,10 +39,11 @@
 //     the stage's full mbarrier by bytes. Consumer warpgroup h takes rows 128h..128h+127; in
 //     gate_up those are gate columns 64h..64h+63 of the group, then the same up columns, so a
 //     thread holds each column's gate and up sums side by side;
-//   - the block's 64 activation rows (x by token in gate_up, a by slot in down), gathered with
-//     16-byte cp.async into the same swizzled layout, eight lanes a 128-byte row (each sector read
-//     once), zero for padding slots; and the 64 row
-//     scales (0 for padding) and two weight-block scales. Each lane's copies arrive on the stage's
+//   - gate_up: the block's 64 x rows (by token), gathered with 16-byte cp.async into the same
+//     swizzled layout, eight lanes a 128-byte row (each sector read once), zero for padding slots,
+//     and their 64 row scales (0 for padding); down: the block's a tile and its 64 row scales, one
+//     bulk copy each, completing on the stage's full barrier by bytes like the boxes;
+//   - the two weight-block scales. Each lane's cp.async copies arrive on the stage's
 //     full barrier as they land (cp.async.mbarrier.arrive.noinc): the producer never waits on its
 //     own copies, only on the empty barriers, so it runs up to STAGES steps ahead; the consumers'
 //     proxy fence after their wait hands the copies to wgmma.
@@ -60,7 +66,7 @@
 // skipped by both kernels (their slots' intermediate rows are never written or read).
 //
 // Bytes and FLOPs per K step: 32 KB of weights (from HBM, or from L2 when another block of the
-// expert reads the same tile at once) + 8 KB of gathered activations + 264 B of scales, for
+// expert reads the same tile at once) + 8 KB of activations (gathered, or one tile) + 264 B of scales, for
 // 2 x 64 x 256 x 128 = 4.2 MFLOP: 2 x BLOCK_M FLOP a weight byte.
 
 #include "sm90_common.cuh"
@@ -132,7 +138,8 @@ struct Problem {
   const TmaDescriptor* w_map;
   const float* w_scale;
   int rows_per_expert, k_dim;
-  // activations: [rows, k_dim] FP8 and [rows, k_dim / 128] FP32, row = slot / row_div
+  // activations. gate_up: x [rows, k_dim] FP8 and [rows, k_dim / 128] FP32, row = slot / row_div;
+  // down: a and a_scale in plan order, a tile (and 64 scales) a (block, K step)
   const uint8_t* act;
   const float* act_scale;
   int row_div;
@@ -300,7 +307,18 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
         __syncwarp();
         if (lane == 0) *flag = 0;
       }
-      const bool real_lo = real_slot(slot_lo, p.num_slots), real_hi = real_slot(slot_hi, p.num_slots);
+      const bool real_lo = GATE_UP && real_slot(slot_lo, p.num_slots);
+      const bool real_hi = GATE_UP && real_slot(slot_hi, p.num_slots);
+      // (down) the block's rows up to its last real one, all its tile copies carry: a plan pads an
+      // expert's last block at its end, so the padding rows' bytes are not read (their stage rows
+      // keep whatever they held; a padding row's output is never reduced)
+      int tile_rows = 0;
+      if (!GATE_UP) {
+        const uint32_t lo = __ballot_sync(~0u, real_slot(slot_lo, p.num_slots));
+        const uint32_t hi = __ballot_sync(~0u, real_slot(slot_hi, p.num_slots));
+        tile_rows = hi ? 64 - __clz(hi) : 32 - __clz(lo);
+      }
+      const uint32_t a_bytes = tile_rows * BLOCK_K, s_bytes = ((tile_rows + 3) & ~3) * 4;
       const uint32_t row_lo = real_lo ? uint32_t(slot_lo / p.row_div) : 0u, row_hi = real_hi ? uint32_t(slot_hi / p.row_div) : 0u;
       const float* const ssrc[2] = {p.act_scale + size_t(row_lo) * k_steps, p.act_scale + size_t(row_hi) * k_steps};
       const uint32_t bytes[2] = {real_lo ? 4u : 0u, real_hi ? 4u : 0u};
@@ -332,26 +350,33 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
           uint8_t* b_stage = smem + OFF_B + s * B_TILE;
           float* sc = reinterpret_cast<float*>(smem + OFF_S) + s * SCALES;
           if (lane == 0) {
-            mbar_arrive_expect_tx(&full[s], B_TILE);
+            mbar_arrive_expect_tx(&full[s], GATE_UP ? B_TILE : B_TILE + a_bytes + s_bytes);
 #pragma unroll
             for (int i = 0; i < 4; ++i)
               tma_load_2d(b_stage + i * BOX_ROWS * BLOCK_K, p.w_map, &full[s], kb * BLOCK_K,
                           expert * p.rows_per_expert + box_row(GATE_UP, tile, i, p.rows_per_expert / 2));
             cp_async_4(&sc[BLOCK_M], ws + sb0 * k_steps + kb, 4);
             cp_async_4(&sc[BLOCK_M + 1], ws + sb1 * k_steps + kb, 4);
+            if (!GATE_UP && tile_rows > 0) {  // the (block, K step) tile of a and its row scales, in plan order
+              const size_t t = size_t(sp.block) * k_steps + kb;
+              bulk_load(a_stage, p.act + t * A_TILE, a_bytes, &full[s]);
+              bulk_load(sc, p.act_scale + t * BLOCK_M, s_bytes, &full[s]);
+            }
             if (GATE_UP && !OV && zero < zero_end) zero_some();
             for (int z = 0; GATE_UP && OV && z < zero_per_step && zero < zero_end; ++z) zero_some();
             if (GATE_UP && OV && zero_count && next >= items) zero_finish();  // the last item's first step
           }
-          const int c = lane & 7;
+          if (GATE_UP) {
+            const int c = lane & 7;
 #pragma unroll
-          for (int i = 0; i < 16; ++i) {  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
-            const int t = 4 * i + (lane >> 3);
-            cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), p.act + line_off[i] + kb * BLOCK_K + c * 16,
-                        (line_live >> i) & 1u ? 16u : 0u);
+            for (int i = 0; i < 16; ++i) {  // 128-byte swizzle: 16-byte chunk c of row t at chunk c ^ (t % 8)
+              const int t = 4 * i + (lane >> 3);
+              cp_async_16(a_stage + t * 128 + ((c ^ (t & 7)) << 4), p.act + line_off[i] + kb * BLOCK_K + c * 16,
+                          (line_live >> i) & 1u ? 16u : 0u);
+            }
+            cp_async_4(&sc[lane], ssrc[0] + kb, bytes[0]);  // the row scales of rows lane and lane + 32
+            cp_async_4(&sc[lane + 32], ssrc[1] + kb, bytes[1]);
           }
-          cp_async_4(&sc[lane], ssrc[0] + kb, bytes[0]);  // the row scales of rows lane and lane + 32
-          cp_async_4(&sc[lane + 32], ssrc[1] + kb, bytes[1]);
           // this lane's arrival on the stage, once its copies have landed (one of the barrier's 32 + 1)
           cp_async_arrive_noinc(&full[s]);
         }
@@ -576,22 +601,23 @@ __device__ __forceinline__ void consume(const Problem& p, uint8_t* smem, uint64_
         m0 = fmaxf(m0, amax_buf[(1 - wg) * BLOCK_M + r0]);
         m1 = fmaxf(m1, amax_buf[(1 - wg) * BLOCK_M + r1]);
         const float s0 = fmaxf(__fdividef(m0, 448.0f), 1e-10f), s1 = fmaxf(__fdividef(m1, 448.0f), 1e-10f);
-        const int col = tile * 128 + wg * 64 + 2 * q;
+        // into the (block, group) tile, plan order, pre-swizzled: this thread's bytes 64 wg + 2q + 8j
+        // of the row lie in 16-byte chunk 4 wg + j / 2, at byte 2q + 8 (j % 2) of it
+        const size_t cell = size_t(block) * groups + tile;
+        uint8_t* const t_out = a_out + cell * A_TILE;
         if (real0) {
-          uint8_t* dst = a_out + size_t(m.slot0) * inter + col;
 #pragma unroll
           for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<uint16_t*>(dst + 8 * j) =
+            *reinterpret_cast<uint16_t*>(t_out + r0 * 128 + (((4 * wg + j / 2) ^ (r0 & 7)) << 4) + 2 * q + 8 * (j % 2)) =
                 pack_e4m3x2(__fdividef(h[2 * j], s0), __fdividef(h[2 * j + 1], s0));
-          if (wg == 0 && q == 0) a_scale_out[size_t(m.slot0) * groups + tile] = s0;
+          if (wg == 0 && q == 0) a_scale_out[cell * BLOCK_M + r0] = s0;
         }
         if (real1) {
-          uint8_t* dst = a_out + size_t(m.slot1) * inter + col;
 #pragma unroll
           for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<uint16_t*>(dst + 8 * j) =
+            *reinterpret_cast<uint16_t*>(t_out + r1 * 128 + (((4 * wg + j / 2) ^ (r1 & 7)) << 4) + 2 * q + 8 * (j % 2)) =
                 pack_e4m3x2(__fdividef(h[16 + 2 * j], s1), __fdividef(h[16 + 2 * j + 1], s1));
-          if (wg == 0 && q == 0) a_scale_out[size_t(m.slot1) * groups + tile] = s1;
+          if (wg == 0 && q == 0) a_scale_out[cell * BLOCK_M + r1] = s1;
         }
         parity ^= 1;
         if (OV) item_done(block);
