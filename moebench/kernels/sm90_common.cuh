@@ -62,6 +62,12 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Orders the global memory this thread has observed through the generic proxy (stores it made or
+// acquired) before its later async-proxy accesses of it (bulk copies, TMA), and the reverse.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 // global[dst, dst + bytes) = shared[src, src + bytes) by the bulk-copy engine, one group (bytes a
 // multiple of 16, both ends 16-byte aligned); bulk_wait_all waits for this thread's groups to end.
 __device__ __forceinline__ void bulk_store(void* dst, const void* src, int bytes) {

@@ -274,7 +274,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   auto zero_finish = [&]() {  // lane 0: the rest of the stripe, its copies' end, then its count
     while (zero < zero_end) zero_some();
     bulk_wait_all();
-    asm volatile("fence.proxy.async.global;" ::: "memory");  // the copies' writes -> the release
+    fence_proxy_async_global();  // the copies' writes -> the release
     __threadfence();
     red_release_add_gpu(p.sync, 1);
     zero_count = false;
@@ -285,6 +285,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
   int passes = -1;
   if (!GATE_UP && OV) {
     wait_at_least(p.sync, (p.blocks - p.late) * p.groups + p.zero_ctas);
+    fence_proxy_async_global();  // what gate_up stored (generic proxy) -> this CTA's bulk copies of it
     if (lane == 0) passes = atomicAdd(p.sync + 1, 1);
   }
   int step = 0;
@@ -304,6 +305,7 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
         // (by lane 0 once every lane has read it) for the next launch
         int* flag = p.sync + 2 + (sp.block - (p.blocks - p.late)) * p.down_chunks + sp.tile0 / p.chunk;
         wait_at_least(flag, p.groups);
+        fence_proxy_async_global();
         __syncwarp();
         if (lane == 0) *flag = 0;
       }
