@@ -309,15 +309,13 @@ __device__ __forceinline__ void produce(const Problem& p, uint8_t* smem, uint64_
         __syncwarp();
         if (lane == 0) *flag = 0;
       }
-      const bool real_lo = GATE_UP && real_slot(slot_lo, p.num_slots);
-      const bool real_hi = GATE_UP && real_slot(slot_hi, p.num_slots);
+      const bool real_lo = real_slot(slot_lo, p.num_slots), real_hi = real_slot(slot_hi, p.num_slots);
       // (down) the block's rows up to its last real one, all its tile copies carry: a plan pads an
       // expert's last block at its end, so the padding rows' bytes are not read (their stage rows
       // keep whatever they held; a padding row's output is never reduced)
       int tile_rows = 0;
       if (!GATE_UP) {
-        const uint32_t lo = __ballot_sync(~0u, real_slot(slot_lo, p.num_slots));
-        const uint32_t hi = __ballot_sync(~0u, real_slot(slot_hi, p.num_slots));
+        const uint32_t lo = __ballot_sync(~0u, real_lo), hi = __ballot_sync(~0u, real_hi);
         tile_rows = hi ? 64 - __clz(hi) : 32 - __clz(lo);
       }
       const uint32_t a_bytes = tile_rows * BLOCK_K, s_bytes = ((tile_rows + 3) & ~3) * 4;
