@@ -59,6 +59,21 @@ def assert_parity(fx, out, label):
     return p
 
 
+@pytest.mark.parametrize("name", ["A64", "A72"])
+def test_a_third_round_at_most_half_full_takes_clusters_of_8(name):
+    # family A at M = 64 and 72: clusters of 4 at three CTAs an SM would run 2.3-2.4 rounds
+    fx = fixture(name)
+    call = CudaFusedArm().prepare(fx)
+    assert (call.identity["cluster"], call.identity["cluster_chosen_by"]) == (8, "rule")
+    assert call.identity["zeroing"] == "kernel" and call.identity["ctas_per_sm"] == 3
+    p = check_parity(call, References(fx), name)
+    assert p.passed, f"{name}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+    # an option that sets the launch keeps clusters of 4
+    kept = CudaFusedArm(per_sm=3).prepare(fx)
+    assert (kept.identity["cluster"], kept.identity["cluster_chosen_by"]) == (DEFAULT_CLUSTER, "default")
+    assert CudaFusedArm(cluster=4).prepare(fx).identity["cluster_chosen_by"] == "cluster"
+
+
 @pytest.mark.parametrize("cluster", [None, 8, 4, 1])
 @pytest.mark.parametrize("name", ["A8", "A128", "Q8", "Q128"])
 def test_parity_standard_fixtures(name, cluster):
@@ -71,6 +86,7 @@ def test_parity_standard_fixtures(name, cluster):
     if cluster is None:  # Q8, A128 and Q128 launch three CTAs an SM, A8 two
         assert in_kernel == (name != "A8")
     assert call.identity["cluster"] == (cluster or DEFAULT_CLUSTER)
+    assert call.identity["cluster_chosen_by"] == ("default" if cluster is None else "cluster")
     if cluster is None:  # persistent launches (A128, Q128) placed load-balanced, one-round ones as default
         assert call.identity["cluster_policy"] == ("load-balancing" if name in ("A128", "Q128") else "default")
     p = check_parity(call, References(fx), name)

@@ -451,6 +451,25 @@ def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
     assert pick_occupancy(0, [two, three]) == 0
 
 
+def test_clusters_of_8_only_where_clusters_of_4_end_in_a_third_round_at_most_half_full():
+    from moebench.kernels.fused_policy import tail_cluster
+    # (items, rounds of 96 clusters) of family A's plans at BLOCK_M 8, and what an H100 measured
+    # clusters of 8 against 4 (results/h100/experiments/decode-clusters-*)
+    assert tail_cluster(217, 7168, 3, 96) == 8  # A56, 2.26 rounds: 1.107x
+    assert tail_cluster(228, 7168, 3, 96) == 8  # A64, 2.38: 1.060x
+    assert tail_cluster(226, 7168, 3, 96) == 8  # A72, 2.35: 1.069x
+    assert tail_cluster(185, 7168, 3, 96) is None  # A40, 1.93: 0.994x
+    assert tail_cluster(255, 7168, 3, 96) is None  # A80, 2.66: 0.997x
+    assert tail_cluster(259, 7168, 3, 96) is None  # A96, 2.70: 0.982x
+    assert tail_cluster(163, 7168, 3, 96) is None  # A32, 1.70: 1.02x, inside the spread
+    assert tail_cluster(235, 2048, 3, 96) is None  # Q32, 2.45 at K = 2048: 0.97x
+    assert tail_cluster(228, 7168, 2, 66) is None  # two CTAs an SM: not measured, not taken
+    # the band's edges: past two rounds, up to two and a half
+    assert tail_cluster(192, 7168, 3, 96) is None and tail_cluster(193, 7168, 3, 96) == 8
+    assert tail_cluster(240, 7168, 3, 96) == 8 and tail_cluster(241, 7168, 3, 96) is None
+    assert tail_cluster(228, 4095, 3, 96) is None and tail_cluster(228, 4096, 3, 96) == 8
+
+
 def test_cluster_policy_rule():
     from moebench.kernels.fused_arm import cluster_policy
     # persistent launches spread over every SM; one-round launches keep the default placement

@@ -43,7 +43,7 @@ from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALON
                                            SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, ZERO_MODES, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
                                            deterministic_occupancies, kernel_defines, launch_blocks, meta_bytes, occupancies,
-                                           pick_occupancy, shared_bytes, x_row, zeroes_in_kernel)
+                                           pick_occupancy, shared_bytes, tail_cluster, x_row, zeroes_in_kernel)
 from moebench.kernels.kernel_source import KernelSource
 
 SOURCE = "sm90_fused_moe.cu"
@@ -154,6 +154,19 @@ def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm
     return out
 
 
+def place_launch(options: list[LaunchOption], items: int, most_items: int,
+                 cluster: int) -> tuple[LaunchOption, str, int]:
+    """The option of `options` a launch of `items` work items (of at most `most_items` any
+    routing makes) takes, how its clusters are placed, and how many it runs: the occupancy is
+    picked on the default placement's residency, then the placement policy sets the grid."""
+    opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, most_items)) for o in options])]
+    policy, resident = "default", opt.resident
+    if cluster > 1:
+        policy = cluster_policy(items <= opt.resident)
+        resident = opt.resident_lb if policy == "load-balancing" else opt.resident
+    return opt, policy, min(resident, most_items)
+
+
 def resident_clusters(kernel, smem: int, device_index: int, per_sm: int, cluster: int) -> int:
     """Clusters of `cluster` CTAs that the GPU runs at once (the persistent grid): the driver's
     answer (it knows how the SMs group into GPCs), else a cautious estimate."""
@@ -205,15 +218,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
     items = max_blocks * G if items is None else items
     options = launch_options(bm, K, x.device.index, cluster, per_sm, stages, source, deterministic)
-    opt = options[pick_occupancy(items, [(o.per_sm, min(o.resident, max_blocks * G)) for o in options])]
+    opt, policy, clusters = place_launch(options, items, max_blocks * G, cluster)
     per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
-    # (the occupancy is picked on the default placement's residency; the policy then sets the grid)
-    policy = "default"
-    resident = opt.resident
-    if cluster > 1:
-        policy = cluster_policy(items <= opt.resident)
-        resident = opt.resident_lb if policy == "load-balancing" else opt.resident
-    clusters = min(resident, max_blocks * G)
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
     src = source or shipped_source()
@@ -375,6 +381,20 @@ class CudaFusedArm(Arm):
         self.path = path or ("decode" if tuned or source is not None or self.deterministic else
                              "prefill" if cut else "auto")
 
+    def pick_cluster(self, fx: Fixture, plan: RoutePlan, bm: int, items: int) -> tuple[int, str]:
+        """The cluster size of a launch no option set (`fused_policy.tail_cluster`), and who chose
+        it: clusters of 4, or of 8 where the launch clusters of 4 would take ends in a third round at
+        most half full. Options that set the launch (per_sm, stages, max_clusters) and the
+        deterministic build keep clusters of 4."""
+        if self.deterministic or any(v is not None for v in (self.per_sm, self.stages, self.max_clusters)):
+            return DEFAULT_CLUSTER, "default"
+        s = fx.spec
+        most = launch_blocks(plan.num_slots, s.E, bm, plan.sorted_token_ids.numel()) * (s.I // GROUP)
+        options = launch_options(bm, s.K, fx.device.index, DEFAULT_CLUSTER, source=self.source)
+        opt, _, clusters = place_launch(options, items, most, DEFAULT_CLUSTER)
+        wide = tail_cluster(items, s.K, opt.per_sm, clusters)
+        return (wide, "rule") if wide is not None else (DEFAULT_CLUSTER, "default")
+
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
@@ -422,8 +442,11 @@ class CudaFusedArm(Arm):
             bm = min(bm, MAX_BLOCK_M_ALONE)  # the default never picks a block one CTA cannot hold
         plan = route_plan(fx.topk_ids, s.E, bm)
         items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
+        cluster, cluster_by = self.cluster, "cluster"
+        if cluster is None:
+            cluster, cluster_by = self.pick_cluster(fx, plan, bm, items)
         plan = plan.to(fx.device)
-        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, self.cluster or DEFAULT_CLUSTER)
+        weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
                                                       max_clusters=self.max_clusters, source=self.source,
@@ -443,6 +466,7 @@ class CudaFusedArm(Arm):
                        if dims["zeroing"] == "kernel" else
                        f"written: {ZERO_NAME} zeroes it, the fused kernel adds into it"),
             "zeroing": dims["zeroing"], "zeroing_chosen_by": "zero" if self.zero is not None else "rule",
+            "cluster_chosen_by": cluster_by,
         }
         kernels = (FUSED_DET_KERNELS if self.deterministic else
                    FUSED_ZEROING_KERNELS if dims["zeroing"] == "kernel" else FUSED_KERNELS)
