@@ -65,7 +65,9 @@ def test_a_third_round_at_most_half_full_takes_clusters_of_8(name):
     fx = fixture(name)
     call = CudaFusedArm().prepare(fx)
     assert (call.identity["cluster"], call.identity["cluster_chosen_by"]) == (8, "rule")
-    assert call.identity["zeroing"] == "kernel" and call.identity["ctas_per_sm"] == 3
+    # three CTAs an SM behind the zeroing kernel (clusters of 8: fused_policy.zeroes_in_kernel)
+    assert call.identity["zeroing"] == "launch" and call.identity["ctas_per_sm"] == 3
+    assert call.identity["spills"] == 0
     p = check_parity(call, References(fx), name)
     assert p.passed, f"{name}: {p.reason()} (rel_l2={p.rel_l2:.3g})"
     # an option that sets the launch keeps clusters of 4
@@ -80,7 +82,7 @@ def test_parity_standard_fixtures(name, cluster):
     fx = fixture(name)
     call = CudaFusedArm(cluster=cluster).prepare(fx)
     # the output zeroed by the kernel itself at three CTAs an SM, else by the zeroing kernel ahead
-    in_kernel = zeroes_in_kernel(call.identity["ctas_per_sm"])
+    in_kernel = zeroes_in_kernel(call.identity["ctas_per_sm"], call.identity["cluster"])
     assert call.identity["zeroing"] == ("kernel" if in_kernel else "launch")
     assert call.kernels_per_sample == (1 if in_kernel else 2)
     if cluster is None:  # Q8, A128 and Q128 launch three CTAs an SM, A8 two

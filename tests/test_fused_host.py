@@ -3,9 +3,12 @@ PTX mma fragment maps, the epilogue's lane pairing, and host validation errors."
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,23 +123,26 @@ def test_zeroing_mode_follows_the_occupancy_and_the_source():
     shipped = fused_arm.shipped_source()
     assert fused_arm.can_zero_in_kernel(shipped)
     assert fused_policy_rule() == {1: False, 2: False, 3: True}
-    assert fused_arm.zeroing_mode(None, 3, shipped, False) == "kernel"
-    assert fused_arm.zeroing_mode(None, 2, shipped, False) == "launch"
-    assert fused_arm.zeroing_mode("kernel", 2, shipped, False) == "kernel"
-    assert fused_arm.zeroing_mode("launch", 3, shipped, False) == "launch"
-    assert fused_arm.zeroing_mode(None, 3, shipped, True) == "launch"  # (the det build's combine stores)
+    # clusters of 8 keep the zeroing kernel at three CTAs an SM (their ZERO_OUT build spills under NVRTC 13.0)
+    assert not fused_arm.zeroes_in_kernel(3, 8) and fused_arm.zeroing_mode(None, 3, 8, shipped, False) == "launch"
+    assert fused_arm.zeroing_mode("kernel", 3, 8, shipped, False) == "kernel"
+    assert fused_arm.zeroing_mode(None, 3, 4, shipped, False) == "kernel"
+    assert fused_arm.zeroing_mode(None, 2, 4, shipped, False) == "launch"
+    assert fused_arm.zeroing_mode("kernel", 2, 4, shipped, False) == "kernel"
+    assert fused_arm.zeroing_mode("launch", 3, 4, shipped, False) == "launch"
+    assert fused_arm.zeroing_mode(None, 3, 4, shipped, True) == "launch"  # (the det build's combine stores)
     # a --build of a copy from before ZERO_OUT zeroes behind the zeroing kernel, as it did; forced, one line
     old = KernelSource.from_text(shipped.text.replace("#ifndef ZERO_OUT", "#ifndef NOT_HERE"), "old_fused.cu")
     assert not fused_arm.can_zero_in_kernel(old)
-    assert fused_arm.zeroing_mode(None, 3, old, False) == "launch"
+    assert fused_arm.zeroing_mode(None, 3, 4, old, False) == "launch"
     with pytest.raises(UserError, match="old_fused.cu: no ZERO_OUT meta-parameter"):
-        fused_arm.zeroing_mode("kernel", 3, old, False)
+        fused_arm.zeroing_mode("kernel", 3, 4, old, False)
     with pytest.raises(UserError, match="zero='both' must be one of kernel, launch"):
-        fused_arm.zeroing_mode("both", 3, shipped, False)
+        fused_arm.zeroing_mode("both", 3, 4, shipped, False)
 
 
 def fused_policy_rule() -> dict[int, bool]:
-    return {per_sm: fused_arm.zeroes_in_kernel(per_sm) for per_sm in (1, 2, 3)}
+    return {per_sm: fused_arm.zeroes_in_kernel(per_sm, 4) for per_sm in (1, 2, 3)}
 
 
 def test_the_arm_checks_its_zero_option():
@@ -523,7 +529,7 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
                             out.append((fused_arm.SOURCE, d))
                         # the ZERO_OUT build the rule takes (zero=kernel forces it at any occupancy)
                         z = fused_arm.kernel_defines(bm, stages, per_sm, cluster, zero_out=True)
-                        if not det and fused_arm.zeroes_in_kernel(per_sm) and (fused_arm.SOURCE, z) not in out:
+                        if not det and fused_arm.zeroes_in_kernel(per_sm, cluster) and (fused_arm.SOURCE, z) not in out:
                             out.append((fused_arm.SOURCE, z))
     for cluster in fused_arm.CLUSTERS:  # the sanitizer's
         out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
@@ -565,6 +571,40 @@ def test_nvcc_13_0_compiles_every_arm_build_without_spills(tmp_path, source, def
     for kernel, k in res.items():
         assert k.spill_stores == 0 and k.spill_loads == 0, f"{source}:{kernel} {defines} spills: {k}"
         assert k.stack_bytes == 0, f"{source}:{kernel} {defines} uses a stack frame: {k}"
+
+
+def _nvrtc_13_0() -> str | None:
+    """libnvrtc.so.13 of NVRTC 13.0, the compiler the arms build with on the H200 (its CUDA 13.0
+    wheels), named by MOEBENCH_NVRTC_13_0 (.ci/run installs it). Its ptxas can differ from nvcc
+    13.0's: clusters of 8 at three CTAs an SM spill in the ZERO_OUT build under it, not under nvcc."""
+    lib = os.environ.get("MOEBENCH_NVRTC_13_0")
+    return lib if lib and Path(lib).is_file() else None
+
+
+_COMPILE_ALL = """
+import json, sys
+from moebench.kernels.cuda_build import compile_source, nvrtc_version
+print(json.dumps({"nvrtc": nvrtc_version(), "builds": [
+    [source, defines, compile_source(source, defines=defines).build.to_dict()["resources"]]
+    for source, defines in json.load(sys.stdin)]}))
+"""
+
+
+@pytest.mark.skipif(_nvrtc_13_0() is None, reason="needs MOEBENCH_NVRTC_13_0: libnvrtc.so.13 of NVRTC 13.0 (the H200's)")
+def test_nvrtc_13_0_compiles_every_arm_build_without_spills(tmp_path):
+    # every build in one child process, NVRTC 13.0 loaded ahead of the environment's own
+    lib = Path(_nvrtc_13_0())
+    env = dict(os.environ, LD_PRELOAD=str(lib), LD_LIBRARY_PATH=str(lib.parent), MOEBENCH_CACHE=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", _COMPILE_ALL], input=json.dumps(_arm_define_sets()), env=env,
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["nvrtc"] == "13.0"
+    assert len(got["builds"]) == len(_arm_define_sets())
+    for source, defines, kernels in got["builds"]:
+        assert kernels, (source, defines)
+        for kernel, k in kernels.items():
+            assert (k["spill_stores"], k["spill_loads"], k["stack_bytes"]) == (0, 0, 0), (source, kernel, defines, k)
 
 
 def test_occupancy_beyond_what_compiles_clean_is_refused():

@@ -84,7 +84,7 @@ def check_zero(zero: str | None, deterministic: bool) -> None:
         raise UserError(f"{who}: zero={zero} does not apply (the combine writes the output)")
 
 
-def zeroing_mode(zero: str | None, per_sm: int, source: KernelSource, deterministic: bool) -> str:
+def zeroing_mode(zero: str | None, per_sm: int, cluster: int, source: KernelSource, deterministic: bool) -> str:
     """Who zeroes the output of a decode call that writes it: "kernel" (the fused kernel's
     ZERO_OUT build) or "launch" (the zeroing kernel ahead of it); `zero` forces one, else
     `zeroes_in_kernel`. The deterministic build's combine stores its sums: nothing to zero."""
@@ -92,7 +92,7 @@ def zeroing_mode(zero: str | None, per_sm: int, source: KernelSource, determinis
     if deterministic:
         return "launch"
     if zero is None:
-        return "kernel" if zeroes_in_kernel(per_sm) and can_zero_in_kernel(source) else "launch"
+        return "kernel" if zeroes_in_kernel(per_sm, cluster) and can_zero_in_kernel(source) else "launch"
     _need(zero == "launch" or can_zero_in_kernel(source),
           f"{source.origin or source.filename}: no ZERO_OUT meta-parameter (zero=kernel needs the kernel to zero its output)")
     return zero
@@ -223,7 +223,7 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
     src = source or shipped_source()
-    zeroing = None if not zero_out else zeroing_mode(zero, per_sm, src, deterministic)
+    zeroing = None if not zero_out else zeroing_mode(zero, per_sm, cluster, src, deterministic)
     if zeroing == "kernel":
         # the same launch from the ZERO_OUT build (the same shared memory and launch bounds: the
         # residency above holds); its stripes are counted in 32-bit 16-byte units

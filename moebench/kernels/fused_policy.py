@@ -132,13 +132,14 @@ def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int,
 ZERO_MODES = ("kernel", "launch")  # who zeroes an output the call writes: the fused kernel, or a kernel ahead
 
 
-def zeroes_in_kernel(per_sm: int) -> bool:
+def zeroes_in_kernel(per_sm: int, cluster: int) -> bool:
     """Whether a decode launch that writes its output zeroes it itself (the kernel's ZERO_OUT)
     rather than behind a zeroing kernel it is the programmatic dependent of. At three CTAs an SM
     the kernel's own stripes were faster (Q8, A128, Q128); at two slower (A1, A8, Q1), by more
     than the zeroing kernel costs, for a reason not located (docs/kernels.md, "The output,
-    written in the call")."""
-    return per_sm >= 3
+    written in the call"). Clusters of 8 at three CTAs an SM keep the zeroing kernel: their
+    ZERO_OUT build spills (4 bytes each way, an 8-byte frame) under NVRTC 13.0, the H200's."""
+    return per_sm >= 3 and cluster <= 4
 
 
 def deterministic_occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]:
