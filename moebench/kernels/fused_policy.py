@@ -81,7 +81,7 @@ def tail_cluster(items: int, K: int, per_sm: int, clusters: int) -> int | None:
     clusters of 8 took family A at M = 56, 64 and 72 (2.26 to 2.38 rounds) 6-11% faster, and were
     within 2% either way, or slower, at every other M of A from 16 to 128 and of Q (K = 2048) from
     24 to 96; why the third round costs more at clusters of 4 was not located
-    (docs/kernels.md, "Clusters of 8 in a launch's third round")."""
+    (docs/kernels.md, "Clusters of 8 where a launch ends in a thin third round")."""
     rounds = items / max(clusters, 1)
     lo, hi = TAIL_ROUNDS
     return TAIL_CLUSTER if K >= WIDE_K and per_sm == 3 and lo < rounds <= hi else None
