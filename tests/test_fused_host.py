@@ -476,6 +476,13 @@ def test_clusters_of_8_only_where_clusters_of_4_end_in_a_third_round_at_most_hal
     assert tail_cluster(228, 4095, 3, 96) is None and tail_cluster(228, 4096, 3, 96) == 8
 
 
+def test_options_that_set_the_launch_keep_clusters_of_4_before_any_gpu_work():
+    # (no fixture, no device: these return before the rule asks the GPU for its residency)
+    for arm in (fused_arm.CudaFusedArm(per_sm=3), fused_arm.CudaFusedArm(stages=3), fused_arm.CudaFusedArm(max_clusters=9),
+                fused_arm.CudaFusedArm(zero="kernel"), fused_arm.CudaFusedDetArm()):
+        assert arm.pick_cluster(None, None, 8, 228) == (fused_arm.DEFAULT_CLUSTER, "default")
+
+
 def test_cluster_policy_rule():
     from moebench.kernels.fused_arm import cluster_policy
     # persistent launches spread over every SM; one-round launches keep the default placement

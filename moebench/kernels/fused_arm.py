@@ -384,9 +384,11 @@ class CudaFusedArm(Arm):
     def pick_cluster(self, fx: Fixture, plan: RoutePlan, bm: int, items: int) -> tuple[int, str]:
         """The cluster size of a launch no option set (`fused_policy.tail_cluster`), and who chose
         it: clusters of 4, or of 8 where the launch clusters of 4 would take ends in a third round at
-        most half full. Options that set the launch (per_sm, stages, max_clusters) and the
+        most half full. Options that set the launch (per_sm, stages, max_clusters), zero=kernel (the
+        ZERO_OUT build of clusters of 8 at three CTAs an SM spills under NVRTC 13.0) and the
         deterministic build keep clusters of 4."""
-        if self.deterministic or any(v is not None for v in (self.per_sm, self.stages, self.max_clusters)):
+        if self.deterministic or self.zero == "kernel" or any(
+                v is not None for v in (self.per_sm, self.stages, self.max_clusters)):
             return DEFAULT_CLUSTER, "default"
         s = fx.spec
         most = launch_blocks(plan.num_slots, s.E, bm, plan.sorted_token_ids.numel()) * (s.I // GROUP)
