@@ -76,6 +76,20 @@ def test_a_third_round_at_most_half_full_takes_clusters_of_8(name):
     assert CudaFusedArm(cluster=4).prepare(fx).identity["cluster_chosen_by"] == "cluster"
 
 
+def test_a_third_round_at_most_half_full_at_k_2048_takes_whole_rounds():
+    # Q24: 196 items, 2.04 rounds of 96 clusters of 4 at three CTAs an SM: three rounds of 66 instead
+    fx = fixture("Q24")
+    call = CudaFusedArm().prepare(fx)
+    i = call.identity
+    assert i["items"] == 196 and i["cluster"] == 4
+    if i["cluster_chosen_by"] == "default":  # a GPU whose residency ties 196 items at two CTAs an SM
+        assert i["ctas_per_sm"] == 2
+    else:
+        assert (i["cluster_chosen_by"], i["ctas_per_sm"], i["clusters"], i["zeroing"]) == ("rule", 3, 66, "kernel")
+    p = check_parity(call, References(fx), "Q24")
+    assert p.passed, f"Q24: {p.reason()} (rel_l2={p.rel_l2:.3g})"
+
+
 @pytest.mark.parametrize("cluster", [None, 8, 4, 1])
 @pytest.mark.parametrize("name", ["A8", "A128", "Q8", "Q128"])
 def test_parity_standard_fixtures(name, cluster):

@@ -457,30 +457,35 @@ def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
     assert pick_occupancy(0, [two, three]) == 0
 
 
-def test_clusters_of_8_only_where_clusters_of_4_end_in_a_third_round_at_most_half_full():
-    from moebench.kernels.fused_policy import tail_cluster
-    # (items, rounds of 96 clusters) of family A's plans at BLOCK_M 8, and what an H100 measured
-    # clusters of 8 against 4 (results/h100/experiments/decode-clusters-*)
-    assert tail_cluster(217, 7168, 3, 96) == 8  # A56, 2.26 rounds: 1.107x
-    assert tail_cluster(228, 7168, 3, 96) == 8  # A64, 2.38: 1.060x
-    assert tail_cluster(226, 7168, 3, 96) == 8  # A72, 2.35: 1.069x
-    assert tail_cluster(185, 7168, 3, 96) is None  # A40, 1.93: 0.994x
-    assert tail_cluster(255, 7168, 3, 96) is None  # A80, 2.66: 0.997x
-    assert tail_cluster(259, 7168, 3, 96) is None  # A96, 2.70: 0.982x
-    assert tail_cluster(163, 7168, 3, 96) is None  # A32, 1.70: 1.02x, inside the spread
-    assert tail_cluster(235, 2048, 3, 96) is None  # Q32, 2.45 at K = 2048: 0.97x
-    assert tail_cluster(228, 7168, 2, 66) is None  # two CTAs an SM: not measured, not taken
-    # the band's edges: past two rounds, up to two and a half
-    assert tail_cluster(192, 7168, 3, 96) is None and tail_cluster(193, 7168, 3, 96) == 8
-    assert tail_cluster(240, 7168, 3, 96) == 8 and tail_cluster(241, 7168, 3, 96) is None
-    assert tail_cluster(228, 4095, 3, 96) is None and tail_cluster(228, 4096, 3, 96) == 8
+def test_a_third_round_at_most_half_full_takes_clusters_of_8_or_whole_rounds():
+    from moebench.kernels.fused_policy import tail_launch
+    # (items, rounds of 96 clusters of 4 at three CTAs an SM) of the plans at BLOCK_M 8, and what an
+    # H100 measured against them (results/h100/experiments/decode-clusters-*)
+    assert tail_launch(217, 7168, 3, 96) == (8, None)  # A56, 2.26 rounds: clusters of 8 1.107x
+    assert tail_launch(228, 7168, 3, 96) == (8, None)  # A64, 2.38: 1.060x (whole rounds 1.047x)
+    assert tail_launch(226, 7168, 3, 96) == (8, None)  # A72, 2.35: 1.069x (whole rounds 1.051x)
+    assert tail_launch(196, 2048, 3, 96) == (4, 66)  # Q24, 2.04: whole rounds 1.086x (clusters of 8 1.005x)
+    assert tail_launch(235, 2048, 3, 96) == (4, 79)  # Q32, 2.45: whole rounds 1.013x (clusters of 8 0.972x)
+    assert tail_launch(185, 7168, 3, 96) is None  # A40, 1.93: clusters of 8 0.994x
+    assert tail_launch(255, 7168, 3, 96) is None  # A80, 2.66: clusters of 8 0.997x, whole rounds 1.000x
+    assert tail_launch(298, 2048, 3, 96) is None  # Q48, 3.10: whole rounds 0.995x
+    assert tail_launch(163, 7168, 3, 96) is None  # A32, 1.70
+    assert tail_launch(228, 7168, 2, 66) is None  # two CTAs an SM: not measured, not taken
+    # the band's edges: past two rounds, up to two and a half; the wide K from 4096
+    assert tail_launch(192, 7168, 3, 96) is None and tail_launch(193, 7168, 3, 96) == (8, None)
+    assert tail_launch(240, 7168, 3, 96) == (8, None) and tail_launch(241, 7168, 3, 96) is None
+    assert tail_launch(228, 4095, 3, 96) == (4, 76) and tail_launch(228, 4096, 3, 96) == (8, None)
+    # whole rounds: three of them, the last no emptier than one cluster
+    for items in range(193, 241):
+        cluster, most = tail_launch(items, 2048, 3, 96)
+        assert cluster == 4 and 3 * (most - 1) < items <= 3 * most
 
 
 def test_options_that_set_the_launch_keep_clusters_of_4_before_any_gpu_work():
     # (no fixture, no device: these return before the rule asks the GPU for its residency)
     for arm in (fused_arm.CudaFusedArm(per_sm=3), fused_arm.CudaFusedArm(stages=3), fused_arm.CudaFusedArm(max_clusters=9),
                 fused_arm.CudaFusedArm(zero="kernel"), fused_arm.CudaFusedDetArm()):
-        assert arm.pick_cluster(None, None, 8, 228) == (fused_arm.DEFAULT_CLUSTER, "default")
+        assert arm.pick_cluster(None, None, 8, 228) == (fused_arm.DEFAULT_CLUSTER, arm.max_clusters, "default")
 
 
 def test_cluster_policy_rule():

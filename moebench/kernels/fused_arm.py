@@ -43,7 +43,7 @@ from moebench.kernels.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALON
                                            SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, ZERO_MODES, choose_stages,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
                                            deterministic_occupancies, kernel_defines, launch_blocks, meta_bytes, occupancies,
-                                           pick_occupancy, shared_bytes, tail_cluster, x_row, zeroes_in_kernel)
+                                           pick_occupancy, shared_bytes, tail_launch, x_row, zeroes_in_kernel)
 from moebench.kernels.kernel_source import KernelSource
 
 SOURCE = "sm90_fused_moe.cu"
@@ -381,21 +381,21 @@ class CudaFusedArm(Arm):
         self.path = path or ("decode" if tuned or source is not None or self.deterministic else
                              "prefill" if cut else "auto")
 
-    def pick_cluster(self, fx: Fixture, plan: RoutePlan, bm: int, items: int) -> tuple[int, str]:
-        """The cluster size of a launch no option set (`fused_policy.tail_cluster`), and who chose
-        it: clusters of 4, or of 8 where the launch clusters of 4 would take ends in a third round at
-        most half full. Options that set the launch (per_sm, stages, max_clusters), zero=kernel (the
-        ZERO_OUT build of clusters of 8 at three CTAs an SM spills under NVRTC 13.0) and the
-        deterministic build keep clusters of 4."""
+    def pick_cluster(self, fx: Fixture, plan: RoutePlan, bm: int, items: int) -> tuple[int, int | None, str]:
+        """The cluster size and the most clusters of a launch no option set (`fused_policy.tail_launch`),
+        and who chose them: clusters of 4 as many as fit, or where those would end in a third round at
+        most half full, clusters of 8 (K >= 4096) or clusters of 4 filling three whole rounds. Options
+        that set the launch (per_sm, stages, max_clusters), zero=kernel (the ZERO_OUT build of clusters
+        of 8 at three CTAs an SM spills under NVRTC 13.0) and the deterministic build keep the default."""
         if self.deterministic or self.zero == "kernel" or any(
                 v is not None for v in (self.per_sm, self.stages, self.max_clusters)):
-            return DEFAULT_CLUSTER, "default"
+            return DEFAULT_CLUSTER, self.max_clusters, "default"
         s = fx.spec
         most = launch_blocks(plan.num_slots, s.E, bm, plan.sorted_token_ids.numel()) * (s.I // GROUP)
         options = launch_options(bm, s.K, fx.device.index, DEFAULT_CLUSTER, source=self.source)
         opt, _, clusters = place_launch(options, items, most, DEFAULT_CLUSTER)
-        wide = tail_cluster(items, s.K, opt.per_sm, clusters)
-        return (wide, "rule") if wide is not None else (DEFAULT_CLUSTER, "default")
+        tail = tail_launch(items, s.K, opt.per_sm, clusters)
+        return (*tail, "rule") if tail is not None else (DEFAULT_CLUSTER, None, "default")
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device = torch.device(device)
@@ -444,14 +444,14 @@ class CudaFusedArm(Arm):
             bm = min(bm, MAX_BLOCK_M_ALONE)  # the default never picks a block one CTA cannot hold
         plan = route_plan(fx.topk_ids, s.E, bm)
         items = plan.num_blocks * (s.I // GROUP)  # untimed: the plan's real size picks the launch
-        cluster, cluster_by = self.cluster, "cluster"
+        cluster, max_clusters, cluster_by = self.cluster, self.max_clusters, "cluster"
         if cluster is None:
-            cluster, cluster_by = self.pick_cluster(fx, plan, bm, items)
+            cluster, max_clusters, cluster_by = self.pick_cluster(fx, plan, bm, items)
         plan = plan.to(fx.device)
         weights = prepare_fused_weights(fx.w1, fx.w1_scale, fx.w2, fx.w2_scale, cluster)
         launch, out, module, dims = make_fused_launch(fx.x_fp8, fx.x_scale, weights, plan, fx.topk_weights,
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
-                                                      max_clusters=self.max_clusters, source=self.source,
+                                                      max_clusters=max_clusters, source=self.source,
                                                       deterministic=self.deterministic, zero_out=True,
                                                       zero=self.zero)
         res = module.resources(KERNEL_NAME, fx.device.index)

@@ -70,21 +70,24 @@ def pick_occupancy(items: int, options: list[tuple[int, int]]) -> int:
     return rounds.index(min(rounds))  # the first (fewest CTAs an SM) of those with fewest rounds
 
 
-WIDE_K = 4096  # hidden sizes at which an item streams long enough for a launch's last round to tell
+WIDE_K = 4096  # hidden sizes at which an item streams long enough for clusters of 8 to pay
 TAIL_ROUNDS = (2.0, 2.5)  # rounds of clusters of 4 (three CTAs an SM) whose last is at most half full
 TAIL_CLUSTER = 8
 
 
-def tail_cluster(items: int, K: int, per_sm: int, clusters: int) -> int | None:
-    """Clusters of 8 where clusters of 4 would end in a third round at most half full at a wide K,
-    else None (clusters of 4). Measured on an H100 (results/h100/experiments/decode-clusters-*):
-    clusters of 8 took family A at M = 56, 64 and 72 (2.26 to 2.38 rounds) 6-11% faster, and were
-    within 2% either way, or slower, at every other M of A from 16 to 128 and of Q (K = 2048) from
-    24 to 96; why the third round costs more at clusters of 4 was not located
-    (docs/kernels.md, "Clusters of 8 where a launch ends in a thin third round")."""
+def tail_launch(items: int, K: int, per_sm: int, clusters: int) -> tuple[int, int | None] | None:
+    """Where clusters of 4 at three CTAs an SM would end in a third round at most half full:
+    (cluster size, most clusters) to launch instead, else None. At a wide K clusters of 8; below it
+    clusters of 4, no more than fill three whole rounds. Measured on an H100
+    (results/h100/experiments/decode-clusters-*): in that band clusters of 8 took family A at M =
+    48-72 6-11% faster and whole rounds 5-10%, and whole rounds took Q24 (K = 2048) 8.6% and Q32
+    1.3% faster, where clusters of 8 were 0.5% faster and 3% slower; outside it neither was faster
+    by more than 2% (docs/kernels.md, "Clusters of 8 where a launch ends in a thin third round")."""
     rounds = items / max(clusters, 1)
     lo, hi = TAIL_ROUNDS
-    return TAIL_CLUSTER if K >= WIDE_K and per_sm == 3 and lo < rounds <= hi else None
+    if per_sm != 3 or not lo < rounds <= hi:
+        return None
+    return (TAIL_CLUSTER, None) if K >= WIDE_K else (4, -(-items // 3))
 
 
 def choose_stages(block_m: int, K: int, per_sm: int | None, cluster: int) -> int:
