@@ -484,6 +484,7 @@ def test_a_third_round_at_most_half_full_takes_clusters_of_8_or_whole_rounds():
 def test_options_that_set_the_launch_keep_clusters_of_4_before_any_gpu_work():
     # (no fixture, no device: these return before the rule asks the GPU for its residency)
     for arm in (fused_arm.CudaFusedArm(per_sm=3), fused_arm.CudaFusedArm(stages=3), fused_arm.CudaFusedArm(max_clusters=9),
+                fused_arm.CudaFusedArm(block_m=16),
                 fused_arm.CudaFusedArm(zero="kernel"), fused_arm.CudaFusedDetArm()):
         assert arm.pick_cluster(None, None, 8, 228) == (fused_arm.DEFAULT_CLUSTER, arm.max_clusters, "default")
 

@@ -385,10 +385,11 @@ class CudaFusedArm(Arm):
         """The cluster size and the most clusters of a launch no option set (`fused_policy.tail_launch`),
         and who chose them: clusters of 4 as many as fit, or where those would end in a third round at
         most half full, clusters of 8 (K >= 4096) or clusters of 4 filling three whole rounds. Options
-        that set the launch (per_sm, stages, max_clusters), zero=kernel (the ZERO_OUT build of clusters
-        of 8 at three CTAs an SM spills under NVRTC 13.0) and the deterministic build keep the default."""
+        that set the launch (block_m, per_sm, stages, max_clusters: the rule was measured at the default
+        blocks), zero=kernel (the ZERO_OUT build of clusters of 8 at three CTAs an SM spills under
+        NVRTC 13.0) and the deterministic build keep the default."""
         if self.deterministic or self.zero == "kernel" or any(
-                v is not None for v in (self.per_sm, self.stages, self.max_clusters)):
+                v is not None for v in (self.block_m, self.per_sm, self.stages, self.max_clusters)):
             return DEFAULT_CLUSTER, self.max_clusters, "default"
         s = fx.spec
         most = launch_blocks(plan.num_slots, s.E, bm, plan.sorted_token_ids.numel()) * (s.I // GROUP)
