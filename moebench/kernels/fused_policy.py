@@ -87,7 +87,7 @@ def tail_launch(items: int, K: int, per_sm: int, clusters: int) -> tuple[int, in
     lo, hi = TAIL_ROUNDS
     if per_sm != 3 or not lo < rounds <= hi:
         return None
-    return (TAIL_CLUSTER, None) if K >= WIDE_K else (4, -(-items // 3))
+    return (TAIL_CLUSTER, None) if K >= WIDE_K else (DEFAULT_CLUSTER, -(-items // 3))  # three whole rounds
 
 
 def choose_stages(block_m: int, K: int, per_sm: int | None, cluster: int) -> int:
