@@ -31,7 +31,8 @@ def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, comma
                           samples=p.samples, warmup=p.warmup, flush=p.flush, flush_bytes=m.flush_bytes,
                           timer=m.timer, balancedness=subjects.balancedness,
                           options={k: v for k, v in {**(options or {}), **m.timer_settings}.items() if v is not None},
-                          sampler=p.sampler, placements=p.placements)
+                          sampler=p.sampler, placements=p.placements, placement_mode=p.placement_mode,
+                          placements_by_shape=dict(subjects.placements), order_seed=p.order_seed)
     return S.RunResult(
         schema_version=S.SCHEMA_VERSION, provenance=provenance(command, started_at, gpu), settings=settings,
         fixtures=subjects.fixtures, arms=subjects.arm_infos, parity=subjects.parity, samples=m.samples,

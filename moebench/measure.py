@@ -33,6 +33,7 @@ from moebench.timing.audit import audited, combined
 from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Unit, run_rounds
 from moebench.timing.flush import FLUSH_MODES, L2Flush
 from moebench.timing.graphs import SAMPLERS, graph_timer, graph_units, learn_flush_kernels
+from moebench.timing.schedule import PLACEMENT_MODES
 from moebench.timing.metrics import TimedMetric
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER, RUN_TIMERS, TimerStrategy
 
@@ -53,7 +54,9 @@ class TimingProtocol:
     timer: str = DEFAULT_TIMER
     measure_bandwidth: bool = True
     sampler: str = "eager"  # "graph": each sample one replay of a CUDA graph of the flush and the call
-    placements: int = 1  # copies of each call on buffers of their own, taken in turn by round (Unit.call)
+    placements: int = 1  # copies of each call on buffers of their own (Unit.call)
+    placement_mode: str = "rounds"  # which copy a sample uses: by round, or turning sample by sample
+    order_seed: int | None = None  # the arms' order per pair of rounds (None: forward, then reversed)
 
 
 def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> None:
@@ -71,9 +74,14 @@ def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> Non
         raise UserError(f"unknown sampler {p.sampler!r} (known: {', '.join(SAMPLERS)})")
     if not 1 <= p.placements <= MAX_PLACEMENTS:
         raise UserError(f"--placements must be 1 to {MAX_PLACEMENTS}, got {p.placements}")
-    if p.placements > p.rounds:
+    if p.placement_mode not in PLACEMENT_MODES:
+        raise UserError(f"unknown placement mode {p.placement_mode!r} (known: {', '.join(PLACEMENT_MODES)})")
+    if p.placement_mode == "rounds" and p.placements > p.rounds:
         raise UserError(f"--placements {p.placements} needs at least as many rounds (--rounds {p.rounds}): "
                         f"each round times one placement")
+    if p.placement_mode == "samples" and p.placements > p.samples:
+        raise UserError(f"--placements {p.placements} needs at least as many samples (--samples {p.samples}): "
+                        f"each row turns through every placement")
     if p.sampler == "graph" and p.timer != DEFAULT_TIMER:
         raise UserError(f"--graph needs --timer {DEFAULT_TIMER}: an event pair around a replay would time the flush too")
 
@@ -181,7 +189,8 @@ def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBack
             timed, flush = graph_units(units, backend), _no_flush
         if on_round_done is not None:
             on_round_done(so_far(EngineOutput()))
-        config = EngineConfig(protocol.rounds, protocol.samples, protocol.warmup, first_round)
+        config = EngineConfig(protocol.rounds, protocol.samples, protocol.warmup, first_round,
+                              order_seed=protocol.order_seed, placement_mode=protocol.placement_mode)
         out = run_rounds(timed, config, recorder, timer, flush=flush, sync=backend.sync, clocks=backend.clocks,
                          markers=backend.markers, on_unit_done=on_unit_done,
                          on_round_done=saved if on_round_done is not None else None)

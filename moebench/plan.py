@@ -14,6 +14,7 @@ Preparing those arms on the request's fixtures is moebench.prepare's.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -29,6 +30,15 @@ from moebench.noise import check_noise_source, copy_factory, copy_label
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 from moebench.variants import parse_variant, variant_factory
 
+# The default protocol varies where every arm's buffers land (measured: docs/measurement.md, "Placement"):
+# each arm prepared DEFAULT_PLACEMENTS times where memory allows, every row turning through the copies,
+# each copy the same number of samples of a row (so a row is the same blend of placements every round).
+DEFAULT_PLACEMENTS = 16
+DEFAULT_SAMPLES = 32
+DEFAULT_PLACEMENT_MODE = "samples"
+ORDERS = ("shuffled", "alternating")
+NO_AA = "none"  # `--aa none`: no A/A copy, no noise floor measured
+REF_AA = "ref"  # `--aa ref` (the command line's default): the A/A copy is the reference arm's
 DETERMINISM_RUNS = 10  # `run --determinism`: a cheap check beside the timing (`verify --determinism` runs 20)
 
 
@@ -38,7 +48,7 @@ class RunRequest:
     arms: tuple[str, ...]
     ref: str | None = None
     rounds: int = 5
-    samples: int = 30
+    samples: int = DEFAULT_SAMPLES
     warmup: int = 5
     flush: str = "read"
     timer: str = DEFAULT_TIMER
@@ -55,10 +65,18 @@ class RunRequest:
     variants: tuple[str, ...] = ()  # `--variant NAME=ARM:KEY=VALUE,...`
     build_host: str = "revision"  # git builds: the arm's host module at the revision, or this tree's
     max_fixture_gb: float = 16.0  # shapes whose fixture takes more host memory to build are refused
-    aa_arm: str | None = None  # `--aa ARM`: ARM and a second prepared copy ARM#2, for the noise floor
+    # `--aa ARM`: ARM and a second prepared copy ARM#2, whose ratio is the run's noise floor; "ref":
+    # the reference arm's (`moebench run`'s default: a floor in every run); None or "none": no floor.
+    aa_arm: str | None = None
     noise_from: str | None = None  # `--noise-from FILE`: copy the floors a noise run measured
     sampler: str = "eager"  # `--graph`: "graph", each sample a replayed CUDA graph of flush and call
-    placements: int = 1  # `--placements P`: every arm prepared P times, round r timing copy (r - 1) mod P
+    # `--placements P`: every arm prepared P times (each on its own copy of the fixture), the copies
+    # taken in turn as `placement_mode` says (moebench.timing.schedule.copy_index); None: as many as
+    # DEFAULT_PLACEMENTS that fit in memory, shape by shape (prepare.placements_for)
+    placements: int | None = None
+    placement_mode: str = DEFAULT_PLACEMENT_MODE
+    order: str = "shuffled"  # `--order`: "shuffled" (drawn per pair of rounds from order_seed) or "alternating"
+    order_seed: int | None = None  # None until the run draws one (runner.with_order_seed); stored, so it resumes
     keep_going: bool = False  # arms failing the oracle are left out and the rest timed, not a stop
     determinism: bool = False  # `--determinism`: each timed call's determinism verdicts, before timing
     determinism_runs: int = DETERMINISM_RUNS  # runs of the same inputs in the run-to-run check
@@ -71,11 +89,20 @@ class RunRequest:
     @property
     def protocol(self) -> TimingProtocol:
         return TimingProtocol(self.rounds, self.samples, self.warmup, self.flush, self.timer, self.measure_bandwidth,
-                              self.sampler, self.placements)
+                              self.sampler, self.placements_target, self.placement_mode,
+                              self.order_seed if self.order == "shuffled" else None)
+
+    @property
+    def placements_target(self) -> int:
+        """The placements asked for, or the default's: DEFAULT_PLACEMENTS, at most one per row
+        sample (or per round, by rounds). Memory may give a shape fewer (prepare.placements_for)."""
+        if self.placements is not None:
+            return self.placements
+        return min(DEFAULT_PLACEMENTS, self.samples if self.placement_mode == "samples" else self.rounds)
 
     @property
     def names_own_arms(self) -> bool:
-        return bool(self.arms or self.builds or self.external_arms or self.variants or self.aa_arm)
+        return bool(self.arms or self.builds or self.external_arms or self.variants or self.aa_arm not in (None, NO_AA, REF_AA))
 
 
 @dataclass(frozen=True)
@@ -99,18 +126,24 @@ def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
             raise UserError(f"--variant {spec.name}: the name of an arm already (choose another)")
         factories[spec.name] = known[spec.name] = variant_factory(spec, known)
     arms = list(req.arms)
-    if req.aa_arm is not None:
-        if req.aa_arm not in known:
-            raise UserError(f"--aa {req.aa_arm!r}: unknown arm (known: {', '.join(sorted(known))})")
-        copy = copy_label(req.aa_arm)
-        factories[copy] = copy_factory(known[req.aa_arm], copy)
-        arms += [a for a in (req.aa_arm, copy) if a not in arms]
     names = arms + [n for n in factories if n not in arms]
     by_build = {b.name: b.arm_name for b in builds}
     ref = by_build.get(req.ref, req.ref) if req.ref not in names else req.ref
+    aa = (ref or (names[0] if names else None)) if req.aa_arm == REF_AA else req.aa_arm
+    if req.aa_arm == REF_AA and req.noise_from:  # the floor comes from the file
+        aa = None
+    if aa == NO_AA or (req.aa_arm == REF_AA and not (aa in names and aa in known)):  # a --ref not in the run is validate's to name
+        aa = None
+    elif aa is not None:
+        aa = by_build.get(aa, aa)
+        if aa not in known:
+            raise UserError(f"--aa {aa!r}: unknown arm (known: {', '.join(sorted(known))})")
+        copy = copy_label(aa)
+        factories[copy] = copy_factory(known[aa], copy)
+        names += [a for a in (aa, copy) if a not in names]
     build_arms = tuple(b.arm_name for b in builds)
     base = ref if ref in build_arms else (build_arms[0] if build_arms else None)
-    return replace(req, arms=tuple(names), ref=ref), ArmPlan(factories, build_arms, base)
+    return replace(req, arms=tuple(names), ref=ref, aa_arm=aa), ArmPlan(factories, build_arms, base)
 
 
 def validate(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
@@ -130,6 +163,10 @@ def validate_settings(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> 
         raise UserError("no shape given")
     resolve_specs(req)
     check_protocol(req.protocol, timers)
+    if req.order not in ORDERS:
+        raise UserError(f"unknown --order {req.order!r} (known: {', '.join(ORDERS)})")
+    if req.order_seed is not None and not 0 <= req.order_seed < 2**63:
+        raise UserError(f"--order-seed must be a whole number from 0 to 2**63 - 1, got {req.order_seed}")
     if req.determinism and req.determinism_runs < 2:
         raise UserError(f"--determinism-runs must be at least 2, got {req.determinism_runs}")
 
@@ -140,6 +177,14 @@ def resolve_specs(req: RunRequest):
     if req.shapes_file:
         registry = registry.with_shapes_file(req.shapes_file)
     return registry.resolve_many(list(req.shapes), balancedness=req.balancedness)
+
+
+def with_order_seed(req: RunRequest) -> RunRequest:
+    """`req` with a drawn order seed when it shuffles and names none (the file keeps it, so the
+    run can be redone and resumed in the same order)."""
+    if req.order != "shuffled" or req.order_seed is not None:
+        return req
+    return replace(req, order_seed=secrets.randbelow(2**31))
 
 
 def with_default_arms(req: RunRequest, device: torch.device, log: Callable[[str], None]) -> RunRequest:

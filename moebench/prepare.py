@@ -28,10 +28,15 @@ from moebench.kernels.registry import make_arms
 from moebench.kernels.builds import compare_outputs
 from moebench.kernels.cuda_build import CudaBuildError
 from moebench.kernels.parity import References, check_parity
+from moebench.noise import copied_fixture
 from moebench.plan import ArmPlan, RunRequest, resolve_specs
 from moebench.results import schema as S
 from moebench.results.determinism_records import DeterminismVerdict
 from moebench.timing.engine import Unit
+
+# The default placements may take this share of the GPU's free memory (the rest is the timed
+# calls' headroom: the flush buffer is already allocated, workspaces are not).
+PLACEMENT_MEMORY_SHARE = 0.7
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Subjects:
     build_parity: tuple[S.BuildParity, ...] = ()
     balancedness: float = 0.8
     determinism: tuple[DeterminismVerdict, ...] = ()  # `run --determinism`: per timed (shape, arm)
+    placements: dict[str, int] = field(default_factory=dict)  # per shape: the prepared copies of each arm
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,9 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             raise UserError(f"arm {arm.name!r} cannot run here: {why}")
     fixtures, infos, parity, build_parity, units, keep, made = [], [], [], [], [], [], []
     hbm: dict[str, int] = {}
+    placed: dict[str, int] = {}
     failures = []
-    for spec in specs:
+    for n_spec, spec in enumerate(specs):
         host = build_fixture(spec)
         size = tensor_bytes(getattr(host, n) for n in TENSOR_FIELDS)
         with gpu_memory_guard(f"moving fixture {spec.name} to the GPU", size, device):
@@ -95,17 +102,41 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         hbm[spec.name] = summary["floors"]["hbm_bytes"]
         with gpu_memory_guard(f"computing the oracle for {spec.name}", size, device):
             refs = References(fx)
+        # First copies of every arm, then as many more placements as memory allows: what the
+        # first copies took (and a copy of the fixture) is what each further placement takes.
+        before = _allocated(device)
+        firsts = {arm.name: _placed_calls(arm, [fx], refs, spec.name, size, device, log) for arm in arms}
+        per_copy = _allocated(device) - before + size
+        n_place = placements_for(req.placements, req.placements_target, per_copy, len(specs) - n_spec, device)
+        if req.placements is None and req.placement_mode == "samples":
+            n_place = balanced_placements(n_place, req.samples)
+        placed[spec.name] = n_place
+        more: dict[str, tuple] = {}
+        if n_place > 1:
+            with gpu_memory_guard(f"copying fixture {spec.name} for {n_place} placements", size * (n_place - 1),
+                                  device):
+                fxs = [copied_fixture(fx) for _ in range(n_place - 1)]
+            log(f"{spec.name}: {n_place} placements of each arm")
+            more = {arm.name: _placed_calls(arm, fxs, refs, spec.name, size, device, log, first=1, of=n_place)
+                    for arm in arms if firsts[arm.name][1].passed}
+            del fxs
         build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
-            copies = f" ({req.placements} placements)" if req.placements > 1 else ""
-            log(f"{spec.name}: preparing {arm.name}{copies}")
-            calls, par, which = _placed_calls(arm, fx, refs, spec.name, req.placements, size, device)
+            calls, par, which = firsts[arm.name]
+            if arm.name in more:
+                extra, extra_par, extra_which = more[arm.name]
+                calls = calls + extra
+                if not extra_par.passed:
+                    par, which = extra_par, extra_which
             parity.append(replace(par, rel_l2=_finite(par.rel_l2), max_abs=_finite(par.max_abs),
                                   rel_l2_exact=None if par.rel_l2_exact is None else _finite(par.rel_l2_exact)))
             if not par.passed:
                 failures.append(ParityFailure(spec.name, arm.name, which + par.reason()))
                 continue
             call = calls[0]
+            if any(tuple(c.kernels) != tuple(call.kernels) for c in calls[1:]):  # the audit holds every copy to the first's
+                raise RuntimeError(f"{arm.name} at {spec.name}: prepared again, it declares other kernels than its "
+                                   f"first copy")
             decl = tuple(call.kernels)
             infos.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
             units.append(Unit.placed(spec.name, arm.name, [(c.run, c.reset) for c in calls], decl))
@@ -115,7 +146,7 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             if arm.name in plan.build_arms:
                 build_outputs[arm.name] = call.output.detach().clone()  # as parity's run left it
         build_parity.extend(_build_parity(spec.name, build_outputs, plan.build_base))
-        del refs, build_outputs
+        del refs, build_outputs, firsts, more
     excluded = parity_exclusions(failures, req.keep_going, req.ref_arm)
     if excluded:
         log(excluded_line(failures))
@@ -123,32 +154,66 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
     subjects = Subjects(shapes=tuple(f.name for f in fixtures), arms=tuple(a for a in req.arms if a in timed),
                         ref=req.ref_arm,
                         hbm_bytes=hbm, fixtures=tuple(fixtures), arm_infos=tuple(infos), parity=tuple(parity),
-                        build_parity=tuple(build_parity), balancedness=req.balancedness)
+                        build_parity=tuple(build_parity), balancedness=req.balancedness, placements=placed)
     return Prepared(subjects, units, keep, made, excluded)
 
 
-def _placed_calls(arm: Arm, fx: Fixture, refs: References, shape: str, placements: int, size: int,
-                  device: torch.device) -> tuple[list[PreparedCall], S.ParityInfo, str]:
-    """`arm` prepared `placements` times on `fx`, each copy on buffers of its own (all alive at
-    once, so no two share an address) and each checked against the oracle. The parity record is
-    the first copy's, or the first failing copy's; the str names that copy ("" for the first)."""
-    calls = []
-    for k in range(placements):
-        where = f"{arm.name} at {shape}" + (f", placement {k + 1} of {placements}" if placements > 1 else "")
+def placements_for(asked: int | None, target: int, copy_bytes: int, shapes_left: int,
+                   device: torch.device) -> int:
+    """How many placements a shape gets: `asked` (`--placements P`) as given; by default
+    `target` (the request's placements_target), fewer where the further copies (`copy_bytes`
+    each: what the first copies of the arms took, and a copy of the fixture) would not fit in
+    PLACEMENT_MEMORY_SHARE of the free memory, split over the shapes still to prepare."""
+    if asked is not None:
+        return asked
+    free, _ = torch.cuda.mem_get_info(device) if device.type == "cuda" else (0, 0)
+    return fitting_placements(target, copy_bytes, int(free * PLACEMENT_MEMORY_SHARE) // max(shapes_left, 1))
+
+
+def fitting_placements(target: int, copy_bytes: int, budget_bytes: int) -> int:
+    """The most placements, up to `target` and at least 1 (the copy already made), whose further
+    copies fit in `budget_bytes`."""
+    if copy_bytes <= 0:
+        return target
+    return max(1, min(target, 1 + budget_bytes // copy_bytes))
+
+
+def balanced_placements(fitting: int, samples: int) -> int:
+    """The most placements, at most `fitting`, that share `samples` evenly: turning sample by
+    sample, every copy then takes the same number of each row's samples, so a row is the same
+    blend of placements in every round (an uneven share moves the row's median from round to
+    round by as much as the placements differ)."""
+    return next(p for p in range(max(1, min(fitting, samples)), 0, -1) if samples % p == 0)
+
+
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def _placed_calls(arm: Arm, fxs: list[Fixture], refs: References, shape: str, size: int, device: torch.device,
+                  log: Callable[[str], None], first: int = 0, of: int = 1
+                  ) -> tuple[list[PreparedCall], S.ParityInfo, str]:
+    """`arm` prepared once on each of `fxs` (placements `first`, `first` + 1, ... of `of`: the
+    fixture's tensors, or copies of them in allocations of their own), each copy on buffers of
+    its own (all alive at once, so no two share an address) and each checked against the oracle.
+    The parity record is the first copy's, or the first failing copy's; the str names that copy
+    ("" for placement 1)."""
+    if first == 0:
+        log(f"{shape}: preparing {arm.name}")
+    calls, par = [], None
+    for k, fx in enumerate(fxs, start=first):
+        where = f"{arm.name} at {shape}" + (f", placement {k + 1} of {of}" if of > 1 else "")
         with gpu_memory_guard(f"preparing {where}", size, device), kernel_fault_guard(where):
             try:
                 call = arm.prepare(fx)
             except CudaBuildError as err:  # a build's source NVRTC rejects: one line, the log saved
                 raise UserError(f"{arm.name} at {shape}: {err.one_line()}") from None
-            par = check_parity(call, refs, shape)
-        if not par.passed:
-            return calls, par, f"placement {k + 1} of {placements}: " if k else ""
-        if k == 0:
-            first = par
-        elif tuple(call.kernels) != tuple(calls[0].kernels):  # the audit holds every copy to the first's
-            raise RuntimeError(f"{where}: prepared again, it declares other kernels than its first copy")
+            check = check_parity(call, refs, shape)
+        if not check.passed:
+            return calls, check, f"placement {k + 1} of {of}: " if k else ""
+        par = par or check
         calls.append(call)
-    return calls, first, ""
+    return calls, par, ""
 
 
 def _build_parity(shape: str, outputs: dict[str, torch.Tensor], base: str | None) -> list[S.BuildParity]:

@@ -28,7 +28,7 @@ from moebench.kernels.registry import make_arms
 from moebench.measure import Measurement, TimingBackend, cuda_backend, measure
 from moebench.noise import with_noise
 from moebench.partial import PartialSaver, RunInterrupted, stop_signals
-from moebench.plan import RunRequest, plan_arms, validate, validate_settings, with_default_arms
+from moebench.plan import RunRequest, plan_arms, validate, validate_settings, with_default_arms, with_order_seed
 from moebench.prepare import prepare
 from moebench.results import schema as S
 from moebench.results.provenance import package_sha256, utc_now
@@ -70,7 +70,7 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
     """The whole run. Returns the result and where it was saved (written after every round,
     marked incomplete until the last). Raises UserError for a bad request, RunFailed for a
     parity failure, RunInterrupted on SIGINT or SIGTERM; an audit failure is in the result."""
-    asked = req
+    asked = req = with_order_seed(req)
     req, plan = planned(req, backend, log)
     ensure_writable_dir(req.out_dir)
     started_at = utc_now()

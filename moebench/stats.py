@@ -16,6 +16,7 @@ from typing import Iterable, Mapping, Sequence
 
 from moebench.results.schema import AUDITED_SAMPLES, ArmSummary, RatioSummary, Sample
 from moebench.timing.audit import audited, kernel_labels
+from moebench.timing.schedule import copy_index
 
 
 def summary_samples(result) -> list[Sample]:
@@ -131,8 +132,9 @@ def with_ref(result, ref: str):
 
 @dataclass(frozen=True)
 class PlacementSummary:
-    """One arm at one shape under `--placements P`: per placement (round r timed placement
-    (r - 1) mod P), the median of its rows, and of its ratio rows against the run's ref."""
+    """One arm at one shape under `--placements P`: per placement (the samples that timed that
+    copy, moebench.timing.schedule.copy_index), the median of its rows, and of its ratio rows
+    against the run's ref."""
 
     shape: str
     arm: str
@@ -146,33 +148,33 @@ class PlacementSummary:
 
 
 def placement_summaries(result) -> tuple[PlacementSummary, ...]:
-    """Every (shape, arm)'s PlacementSummary, in the summaries' order; none for a run of one
-    placement. A placement whose rounds have no audited sample is left out of its arm's."""
-    n = result.settings.placements
-    if n < 2:
-        return ()
-    by_unit: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    """Every (shape, arm)'s PlacementSummary, in the summaries' order; none for a shape of one
+    placement. A placement's rows are the medians of its samples round by round (copy_index
+    says which samples it timed); a placement with no audited sample is left out of its arm's."""
+    settings = result.settings
+    by_unit: dict[tuple[str, str], list[tuple[tuple[int, int], float]]] = defaultdict(list)
     for s in summary_samples(result):
-        by_unit[(s.shape, s.arm)].append((s.round, s.value_ns))
+        copy = copy_index(s.round, s.index, settings.placements_at(s.shape), settings.placement_mode)
+        by_unit[(s.shape, s.arm)].append(((s.round, copy), s.value_ns))
     rows = {key: rows_by_round(values) for key, values in by_unit.items()}
 
-    def by_placement(r: Mapping[int, float]) -> list[list[float]]:
+    def by_placement(r: Mapping[tuple[int, int], float], n: int) -> list[list[float]]:
         out: list[list[float]] = [[] for _ in range(n)]
-        for rnd, v in r.items():
-            out[(rnd - 1) % n].append(v)
+        for (_, copy), v in r.items():
+            out[copy].append(v)
         return [p for p in out if p]
-    ref = result.settings.ref
+    ref = settings.ref
     out = []
     for a in result.summaries:
-        mine = rows.get((a.shape, a.arm))
-        if not mine:
+        n, mine = settings.placements_at(a.shape), rows.get((a.shape, a.arm))
+        if n < 2 or not mine:
             continue
-        medians = tuple(float(median(p)) for p in by_placement(mine))
+        medians = tuple(float(median(p)) for p in by_placement(mine, n))
         ratios = None
         theirs = rows.get((a.shape, ref))
         if a.arm != ref and theirs:
-            paired = {r: theirs[r] / mine[r] for r in mine if r in theirs}
-            ratios = tuple(float(median(p)) for p in by_placement(paired))
+            paired = {key: theirs[key] / mine[key] for key in mine if key in theirs}
+            ratios = tuple(float(median(p)) for p in by_placement(paired, n))
         out.append(PlacementSummary(a.shape, a.arm, medians, ratios))
     return tuple(out)
 

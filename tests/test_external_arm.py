@@ -41,7 +41,7 @@ def test_external_arms_pass_the_oracle_and_make_a_result_file(fake_gpu, tmp_path
     code, out, err = cli(capsys, "run", "--shape", "T8", "--arm", "mine=external_arm_example:prepare_copy",
                          "--arm", "two=external_arm_example:prepare_dict", "--arm",
                          "call=external_arm_example:prepare_call", "--rounds", "2", "--samples", "3",
-                         "--warmup", "1", "--out", str(tmp_path))
+                         "--warmup", "1", "--aa", "none", "--out", str(tmp_path))
     assert code == 0, err
     (path,) = tmp_path.glob("*.json")
     result = load(path)

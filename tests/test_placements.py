@@ -86,7 +86,7 @@ def test_each_placement_gets_a_graph_of_its_own():
 def test_a_run_times_every_copy_in_turn_and_reports_each_placement(tmp_path):
     PREPARED.clear()
     req = RunRequest(shapes=("T8",), arms=("placed-ref", "placed-slow"), rounds=6, samples=3, warmup=1,
-                     out_dir=str(tmp_path), placements=3, measure_bandwidth=False)
+                     out_dir=str(tmp_path), placements=3, placement_mode="rounds", measure_bandwidth=False)
     result, path = run(req, backend())
     assert PREPARED == {"placed-ref": 3, "placed-slow": 3}  # every copy prepared, each checked by the oracle
     assert result.settings.placements == 3 and load(path) == result
@@ -109,9 +109,9 @@ def test_a_run_times_every_copy_in_turn_and_reports_each_placement(tmp_path):
 def test_one_placement_is_the_plain_run_and_compare_notes_the_difference(tmp_path):
     from moebench.results.compare import compare_results
     one, _ = run(RunRequest(shapes=("T8",), arms=("placed-ref",), rounds=3, samples=2, warmup=0,
-                            out_dir=str(tmp_path), measure_bandwidth=False), backend())
+                            out_dir=str(tmp_path), measure_bandwidth=False, placements=1), backend())
     three, _ = run(RunRequest(shapes=("T8",), arms=("placed-ref",), rounds=3, samples=2, warmup=0,
-                              out_dir=str(tmp_path), measure_bandwidth=False, placements=3), backend())
+                              out_dir=str(tmp_path), measure_bandwidth=False, placements=3, placement_mode="rounds"), backend())
     assert one.settings.placements == 1 and placement_summaries(one) == ()
     assert "settings differ: placements 1 vs 3" in compare_results(one, three).notes
     assert not any("placements" in n for n in compare_results(three, three).notes)
@@ -120,7 +120,7 @@ def test_one_placement_is_the_plain_run_and_compare_notes_the_difference(tmp_pat
 def test_a_copy_that_fails_the_oracle_stops_the_run_naming_the_copy(tmp_path):
     PREPARED.clear()
     req = RunRequest(shapes=("T8",), arms=("placed-ref", "placed-bad"), rounds=3, samples=1, warmup=0,
-                     out_dir=str(tmp_path), placements=3)
+                     out_dir=str(tmp_path), placements=3, placement_mode="rounds")
     with pytest.raises(RunFailed, match="placed-bad at T8: placement 2 of 3: relative L2 error"):
         run(req, backend())
     assert not list(tmp_path.iterdir())
@@ -129,7 +129,7 @@ def test_a_copy_that_fails_the_oracle_stops_the_run_naming_the_copy(tmp_path):
 @pytest.mark.parametrize("argv, needle", [
     (["--placements", "0"], "--placements must be 1 to 16, got 0"),
     (["--placements", "17", "--rounds", "20"], "--placements must be 1 to 16, got 17"),
-    (["--placements", "4", "--rounds", "3"], "--placements 4 needs at least as many rounds (--rounds 3)"),
+    (["--placements", "4", "--rounds", "3", "--placement-mode", "rounds"], "--placements 4 needs at least as many rounds (--rounds 3)"),
 ])
 def test_placement_mistakes_are_one_line(capsys, argv, needle):
     code, err = cli_error(capsys, "run", "--arms", "placed-ref", "--shape", "T8", *argv)
@@ -143,7 +143,7 @@ def test_a_resumed_run_keeps_its_placements(tmp_path):
     from test_resume import Crash, only_file
 
     from moebench.runner import resume
-    req = replace(test_resume.request(tmp_path, rounds=5), placements=2)
+    req = replace(test_resume.request(tmp_path, rounds=5), placements=2, order_seed=7)
     with pytest.raises(RuntimeError, match="fell off the bus"):
         run(req, test_resume.backend(Crash(4)))
     path = only_file(tmp_path / "out")

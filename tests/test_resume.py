@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).resolve().parent / "resume_child.py"
 ROUNDS = 5
 RUN_ARGS = ["run", "--arms", "resume-ref,resume-fast", "--shape", "T8,T16", "--rounds", str(ROUNDS),
-            "--samples", "3", "--warmup", "1"]
+            "--samples", "3", "--warmup", "1", "--order-seed", "11"]
 
 
 def child(args, *, hold: Path | None = None, hold_round: int = 3, cwd: Path):
@@ -197,7 +197,7 @@ def backend(markers=None) -> TimingBackend:
 
 def request(tmp_path, rounds=4) -> RunRequest:
     return RunRequest(shapes=("T8",), arms=("resume-ref", "resume-fast"), rounds=rounds, samples=2, warmup=0,
-                      out_dir=str(tmp_path / "out"), command=("moebench", "run"))
+                      out_dir=str(tmp_path / "out"), command=("moebench", "run"), order_seed=11)
 
 
 def test_an_exception_mid_run_keeps_the_rounds_done_and_says_why(tmp_path):

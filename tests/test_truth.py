@@ -129,7 +129,7 @@ def test_noise_from_a_file_without_floors_is_refused(fake_gpu, tmp_path, capsys)
 
 def test_graph_run_replays_flush_and_call_and_keeps_only_the_arms_kernels(fake_gpu, tmp_path, capsys):
     args = ("run", "--shape", "T8", "--arm", "two=external_arm_example:prepare_dict", "--rounds", "2",
-            "--samples", "4", "--warmup", "1")
+            "--samples", "4", "--warmup", "1", "--aa", "none")
     assert cli(capsys, *args, "--out", str(tmp_path / "eager"))[0] == 0
     code, out, err = cli(capsys, *args, "--graph", "--out", str(tmp_path / "graph"))
     assert code == 0, err

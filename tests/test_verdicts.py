@@ -188,7 +188,7 @@ def test_bad_rules_are_one_line_errors(text, message):
 
 
 def test_judge_reads_the_interval_against_the_band():
-    rules, t = Rules(), Threshold(0.02, "rule")
+    rules, t = Rules(change=0.02), Threshold(0.02, "rule")
     cases = [((0.025, 0.035), 0.01, Verdict.SLOWER), ((-0.035, -0.025), 0.01, Verdict.FASTER),
              ((0.025, 0.035), 0.2, Verdict.AMBIGUOUS), ((-0.01, 0.015), 0.5, Verdict.SAME),
              ((0.01, 0.03), 0.01, Verdict.AMBIGUOUS), ((-0.03, 0.03), 0.5, Verdict.NOISY)]
@@ -201,12 +201,27 @@ def test_judge_reads_the_interval_against_the_band():
 
 
 def test_threshold_is_the_larger_of_rule_and_measured_floor():
-    rules = Rules()
+    rules = Rules(change=0.02)
     assert threshold_for(rules, {"a": None, "b": None}, "x") == Threshold(0.02, "rule")
     t = threshold_for(rules, {"a": 0.013, "b": 0.031}, "x")
     assert t.value == 0.031 and "measured noise floor of b" in t.source
     t = threshold_for(rules, {"a": 0.013, "b": None}, "x")
     assert t.value == 0.02 and "measured floor 1.3% is below it" in t.source
-    assert threshold_for(parse_rules(["floor:ignore"]), {"a": 0.05, "b": 0.05}, "x").value == 0.02
+    assert threshold_for(parse_rules(["floor:ignore", "median:2%"]), {"a": 0.05, "b": 0.05}, "x").value == 0.02
     with pytest.raises(UserError, match="b carries no measured noise floor for x"):
         threshold_for(parse_rules(["floor:require"]), {"a": 0.05, "b": None}, "x")
+
+
+def test_by_default_the_runs_floors_decide_and_two_percent_stands_in_without_them():
+    rules = Rules()
+    assert rules.describe().startswith("median:floor ")
+    t = threshold_for(rules, {"a": 0.003, "b": 0.004}, "x")
+    assert t.value == pytest.approx(0.005) and t.source == "the runs' measured noise floors combined"
+    assert threshold_for(rules, {"a": None, "b": None}, "x") == Threshold(0.02, "rule")
+    t = threshold_for(rules, {"a": 0.003, "b": None}, "x")  # one run without a floor: as a 2% rule
+    assert t.value == 0.02 and "measured floor 0.3% is below it" in t.source
+    assert threshold_for(rules, {"a": 0.05, "b": None}, "x").value == 0.05
+    assert threshold_for(parse_rules(["floor:ignore"]), {"a": 0.003, "b": 0.004}, "x").value == 0.02
+    # a 2% change with a tight interval is slower against the runs' floors, same against the old 2%
+    assert judge((0.017, 0.023), 0.01, t := threshold_for(rules, {"a": 0.003, "b": 0.004}, "x"), rules)[0] \
+        is Verdict.SLOWER

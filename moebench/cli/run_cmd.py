@@ -28,10 +28,11 @@ from moebench.cli.common import (
 from moebench.errors import UserError
 from moebench.failures import audit_failure
 from moebench.kernels.registry import parse_arm_list
-from moebench.plan import DETERMINISM_RUNS
+from moebench.plan import DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_SAMPLES, DETERMINISM_RUNS, ORDERS, REF_AA
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunInterrupted, RunRequest, resume, run
 from moebench.timing.flush import FLUSH_MODES
+from moebench.timing.schedule import PLACEMENT_MODES
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
@@ -71,7 +72,7 @@ def _progress(console: Console, total: int):
               help="Your own arm: factory(fixture) returns the prepared call (README: bring your own arm).")
 @click.option("--ref", default=None, help="Arm (or build name) the ratios are taken against (default: the first).")
 @click.option("--rounds", type=int, default=5, show_default=True)
-@click.option("--samples", type=int, default=30, show_default=True, help="Per arm per round.")
+@click.option("--samples", type=int, default=DEFAULT_SAMPLES, show_default=True, help="Per arm per round.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Per arm per round, untimed.")
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True,
               help="L2 flush before each sample: read (cold, clean), write (cold, dirty), none.")
@@ -80,14 +81,23 @@ def _progress(console: Console, total: int):
 @click.option("--graph", is_flag=True,
               help="Each sample one replay of a CUDA graph of the flush and the call (the decode path: no host "
                    "gaps between kernels); kernels still from CUPTI, audited.")
-@click.option("--placements", type=int, default=1, show_default=True, metavar="P",
-              help="Prepare every arm P times, each copy on buffers of its own, and time copy (r - 1) mod P in "
-                   "round r: where an arm's buffers land in memory becomes round-to-round spread, not a bias of "
-                   "one arm (the tables give each placement's median). Needs --rounds >= P; P copies of each "
-                   "arm's own buffers stay on the GPU.")
-@click.option("--aa", "aa_arm", default=None, metavar="ARM",
-              help="A/A noise floor: time ARM beside ARM#2, a second copy prepared on separately allocated "
-                   "inputs; the result records the floor per shape, and compare widens its SAME band to it.")
+@click.option("--placements", type=int, default=None, metavar="P",
+              help=f"Prepare every arm P times, each copy (with its own copy of the fixture) on buffers of its "
+                   f"own, so where buffers land in memory is spread over the samples, not a bias of one arm. "
+                   f"Default: {DEFAULT_PLACEMENTS}, fewer where memory is short (the result says how many).")
+@click.option("--placement-mode", type=click.Choice(PLACEMENT_MODES), default=DEFAULT_PLACEMENT_MODE,
+              show_default=True,
+              help="samples: every row turns through the copies sample by sample; rounds: round r times copy "
+                   "(r - 1) mod P (needs --rounds >= P; the tables give each placement's median).")
+@click.option("--order", type=click.Choice(ORDERS), default="shuffled", show_default=True,
+              help="Arm order per round: shuffled (each odd round drawn from the order seed, the next round its "
+                   "reverse) or alternating (the given order on odd rounds, reversed on even).")
+@click.option("--order-seed", type=click.IntRange(min=0, max=2**63 - 1), default=None, metavar="N",
+              help="Seed of the shuffled order (default: drawn, and recorded in the result).")
+@click.option("--aa", "aa_arm", default=REF_AA, show_default=True, metavar="ARM|ref|none",
+              help="The run's noise floor: ARM is timed beside ARM#2, a second copy prepared on separately "
+                   "allocated inputs, and their ratio bounds what this run can resolve (ratios inside it read "
+                   "'same'; compare widens its SAME band to it). ref: the reference arm's; none: no floor.")
 @click.option("--noise-from", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Copy the noise floors a `--aa` run measured into this result (arms and shapes in common).")
 @triton_config_option
@@ -111,14 +121,16 @@ def _progress(console: Console, total: int):
                    "beside it must be the file's): the remaining rounds only.")
 @click.pass_context
 def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
-                external_arms, ref, rounds, samples, warmup, flush, timer, graph, placements, aa_arm, noise_from,
+                external_arms, ref, rounds, samples, warmup, flush, timer, graph, placements, placement_mode, order, order_seed, aa_arm,
+                noise_from,
                 triton_config, pdl, max_fixture_gb, keep_going, determinism, determinism_runs, cross_process, out_dir,
                 resume_path):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     console = make_console()
     req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
-                      out_dir, graph=graph, placements=placements, aa_arm=aa_arm, noise_from=noise_from,
+                      out_dir, graph=graph, placements=placements, placement_mode=placement_mode, order=order,
+                      order_seed=order_seed, aa_arm=aa_arm, noise_from=noise_from,
                       keep_going=keep_going,
                       determinism=determinism, determinism_runs=determinism_runs, cross_process=cross_process)
     log, progress = lambda m: console.print(Text(m, style="dim")), lambda total: _progress(console, total)

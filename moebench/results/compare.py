@@ -29,7 +29,8 @@ from moebench import significance as sig
 from moebench.errors import UserError
 from moebench.results.index import ResultIndex
 from moebench.results.schema import RunResult
-from moebench.results.verdicts import Rules, Threshold, Verdict, judge, threshold_for
+from moebench.results.ratio_verdicts import run_floor
+from moebench.results.verdicts import DEFAULT_CHANGE, Rules, Threshold, Verdict, judge, threshold_for
 
 __all__ = ["ArmComparison", "Comparison", "RatioComparison", "Rules", "Verdict", "compare_results", "gate"]
 
@@ -108,12 +109,10 @@ def _spread(row_values: np.ndarray) -> float:
 
 
 def _floor(result: RunResult, shape: str, *arms: str) -> float | None:
-    values = [result.noise.get(shape, {}).get(arm) for arm in arms]
-    values = [v for v in values if v is not None]
-    for v in values:
+    for v in result.noise.get(shape, {}).values():
         if not 0 <= v < 1:
             raise UserError(f"a noise floor of {v:g} at {shape} is not a fraction (is the file damaged?)")
-    return max(values) if values else None
+    return run_floor(result, shape, *arms)
 
 
 def _range(low: float, high: float, fmt: str) -> str:
@@ -277,7 +276,8 @@ def _notes(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, rules: Rules,
     if only_b:
         notes.append(f"only in {b_label}: {', '.join(only_b)}")
     if rules.floor == "measured" and not ia.result.noise and not ib.result.noise:
-        notes.append(f"neither run carries a measured noise floor: the SAME band is the rule's ±{rules.change:.1%}")
+        change = DEFAULT_CHANGE if rules.change is None else rules.change
+        notes.append(f"neither run carries a measured noise floor: the SAME band is the rule's ±{change:.1%}")
     for name, result in ((a_label, ia.result), (b_label, ib.result)):
         flagged = throttled_rounds(result)
         if flagged:

@@ -26,6 +26,10 @@ Format history:
     ClockSample.sm_mhz_start and .events (later, None and () in older files): the SM clock at the
     round's start, and the NVML clock-event reasons seen at its start or end; a round whose clock
     moved or that was power- or thermally capped is `throttled`.
+    Settings.placement_mode, .placements_by_shape and .order_seed (later; "rounds", {} and None
+    in older files): how the prepared copies were taken (by round, or turning sample by sample),
+    how many each shape had (memory may give a shape fewer than asked), and the seed the arms'
+    order was drawn from for each pair of rounds (None: odd rounds forward, even reversed).
     RunResult.status (later, read as complete for older files): a run written after each round,
     complete or not, why not, how many rounds are in, and what `run --resume` needs to finish it.
 
@@ -154,7 +158,13 @@ class Settings:
     balancedness: float
     options: dict[str, Any] = field(default_factory=dict)  # e.g. triton_config path
     sampler: str = "eager"  # "eager": launched call by call; "graph": one CUDA graph replay per sample
-    placements: int = 1  # prepared copies of each call; round r timed copy (r - 1) mod placements
+    placements: int = 1  # prepared copies of each call asked for (or the default's target)
+    placement_mode: str = "rounds"  # "rounds": round r timed copy (r - 1) mod P; "samples": turned per sample
+    placements_by_shape: dict[str, int] = field(default_factory=dict)  # copies made per shape (empty: `placements`)
+    order_seed: int | None = None  # the arms' order was drawn from it per pair of rounds (None: alternating)
+
+    def placements_at(self, shape: str) -> int:
+        return self.placements_by_shape.get(shape, self.placements)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ so at no true change its rate is at most the smaller of the test's level `p` and
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -32,13 +33,15 @@ class Verdict(str, enum.Enum):
     AMBIGUOUS = "ambiguous"
 
 
+DEFAULT_CHANGE = 0.02  # the band where no floor was measured
 FLOOR_POLICIES = ("measured", "ignore", "require")
 THROTTLE_POLICIES = ("drop", "keep")
 TEST_UNITS = ("rows", "samples")
 
 RULES_HELP = (
     "Verdict rules, KEY:VALUE, repeat or comma-separate. "
-    "median:2% (a change beyond this is faster or slower; also 0.02); "
+    "median:2% (a change beyond this is faster or slower; also 0.02; default: the runs' measured noise "
+    "floors combined, 2% for a run without one); "
     "ci:95 (confidence of the bootstrap intervals, percent); "
     "p:0.05 (level of the rank test a change must pass); "
     "floor:measured|ignore|require (a measured noise floor in a run widens the band "
@@ -49,7 +52,9 @@ RULES_HELP = (
 
 @dataclass(frozen=True)
 class Rules:
-    change: float = 0.02  # median: |B/A - 1| beyond this is a change
+    # median: |B/A - 1| beyond this is a change. None (the default): the runs' measured noise
+    # floors decide (threshold_for), DEFAULT_CHANGE where a run carries none.
+    change: float | None = None
     confidence: float = 0.95  # ci: of every bootstrap interval
     alpha: float = 0.05  # p: a change must also pass the rank test at this level
     floor: str = "measured"  # floor: what a measured noise floor does
@@ -57,7 +62,7 @@ class Rules:
     throttled: str = "drop"  # throttled: rounds a run flagged as throttled (ClockSample.throttled)
 
     def __post_init__(self):
-        if not 0 < self.change < 1:
+        if self.change is not None and not 0 < self.change < 1:
             raise UserError(f"rule median: the threshold must be between 0% and 100%, got {self.change:.1%}")
         if not 0.5 <= self.confidence < 1:
             raise UserError(f"rule ci: the confidence must be at least 50 and below 100, got {100 * self.confidence:g}")
@@ -71,7 +76,8 @@ class Rules:
             raise UserError(f"rule throttled: {self.throttled!r} is not one of {', '.join(THROTTLE_POLICIES)}")
 
     def describe(self) -> str:
-        return (f"median:{100 * self.change:g}% ci:{100 * self.confidence:g} p:{self.alpha:g} "
+        median = "floor" if self.change is None else f"{100 * self.change:g}%"
+        return (f"median:{median} ci:{100 * self.confidence:g} p:{self.alpha:g} "
                 f"floor:{self.floor} test:{self.test} throttled:{self.throttled}")
 
     @property
@@ -150,22 +156,29 @@ class Threshold:
 
 
 def threshold_for(rules: Rules, floors: dict[str, float | None], what: str) -> Threshold:
-    """The band for one comparison: the rule's threshold, or the largest measured noise floor
-    of the runs (`floors`: run label -> floor, None where the run has none) when larger.
-    Under `floor:require` a run without a floor is refused; `what` names the arm and shape."""
+    """The band for one comparison (`floors`: run label -> its measured noise floor, None where
+    the run has none). With a rule's threshold (`median:X`): X, or the largest measured floor
+    when larger. By default (no `median:` rule): the runs' floors combined, sqrt(sum of squares)
+    (each run's floor bounds its own error; the change carries both), where every run has one;
+    otherwise as a rule of DEFAULT_CHANGE. Under `floor:require` a run without a floor is refused; `what`
+    names the arm and shape."""
+    change = DEFAULT_CHANGE if rules.change is None else rules.change
     if rules.floor == "ignore":
-        return Threshold(rules.change, "rule")
+        return Threshold(change, "rule")
     missing = [label for label, f in floors.items() if f is None]
     if rules.floor == "require" and missing:
         raise UserError(f"rule floor:require: {missing[0]} carries no measured noise floor for {what} "
                         "(an A/A run of the arm records one)")
     measured = {label: f for label, f in floors.items() if f is not None}
+    if rules.change is None and measured and not missing:
+        combined = math.sqrt(sum(f * f for f in measured.values()))
+        return Threshold(combined, "the runs' measured noise floors combined")
     if not measured:
-        return Threshold(rules.change, "rule")
+        return Threshold(change, "rule")
     label, floor = max(measured.items(), key=lambda kv: kv[1])
-    if floor <= rules.change:
-        return Threshold(rules.change, f"rule; measured floor {floor:.1%} is below it")
-    return Threshold(floor, f"measured noise floor of {label}; the rule's is {rules.change:.1%}")
+    if floor <= change:
+        return Threshold(change, f"rule; measured floor {floor:.1%} is below it")
+    return Threshold(floor, f"measured noise floor of {label}; the rule's is {change:.1%}")
 
 
 def judge(ci: tuple[float, float], p: float, threshold: Threshold, rules: Rules,

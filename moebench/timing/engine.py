@@ -22,7 +22,7 @@ from typing import Callable, Protocol, Sequence
 from moebench.results.schema import ClockSample, DeclaredKernel, Sample
 from moebench.timing.clocks import over_round
 from moebench.timing.records import TaggedKernel
-from moebench.timing.schedule import round_order
+from moebench.timing.schedule import copy_index, round_order
 from moebench.timing.timers import Recorder, TimerStrategy
 
 
@@ -95,9 +95,10 @@ class Unit:
     def placements(self) -> int:
         return 1 + len(self.others)
 
-    def call(self, round_: int) -> Call:
-        """(run, reset) of the copy round `round_` (1-based) times."""
-        return self.copies[(round_ - 1) % self.placements]
+    def call(self, round_: int, sample: int = 0, mode: str = "rounds") -> Call:
+        """(run, reset) of the copy that sample `sample` of round `round_` (1-based) times
+        (moebench.timing.schedule.copy_index)."""
+        return self.copies[copy_index(round_, sample, self.placements, mode)]
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class EngineConfig:
     samples: int = 30
     warmup: int = 5
     first_round: int = 1  # a resumed run starts after its last saved round (rounds + 1: none left)
+    order_seed: int | None = None  # None: forward on odd rounds, reversed on even; else drawn (schedule.py)
+    placement_mode: str = "rounds"  # which copy a sample uses (schedule.copy_index)
 
     def __post_init__(self):
         if self.rounds < 1 or self.samples < 1 or self.warmup < 0:
@@ -137,7 +140,8 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, 
     `config.rounds`. Units of one shape are paired: they run back to back, forward in odd
     rounds and reversed in even ones; shapes keep the order they first appear in `units`.
     Round r's samples take the external ids they would in a run from round 1, and a unit with
-    several placements runs the copy of round r (Unit.call)."""
+    several placements runs the copy of each sample (Unit.call); `config.order_seed` draws the
+    order of each pair of rounds (moebench.timing.schedule)."""
     markers = markers or NoMarkers()
     shapes: dict[str, list[Unit]] = {}
     for u in units:
@@ -150,17 +154,16 @@ def run_rounds(units: Sequence[Unit], config: EngineConfig, recorder: Recorder, 
         start_clocks = clocks(r) if clocks is not None else None
         markers.push(f"round {r}")
         for shape_units in shapes.values():
-            for u in round_order(shape_units, r):
-                run, reset = u.call(r)
-                reset = reset or _noop
+            for u in round_order(shape_units, r, config.order_seed):
+                calls = [u.call(r, i, config.placement_mode) for i in range(-n_warmup, n_samples)]
                 markers.push(f"{u.shape} {u.arm}")
-                for _ in range(n_warmup):
-                    reset()
+                for run, reset in calls[:n_warmup]:
+                    (reset or _noop)()
                     flush()
                     run()
-                for i in range(n_samples):
+                for i, (run, reset) in enumerate(calls[n_warmup:]):
                     markers.push(f"sample {i}")
-                    reset()
+                    (reset or _noop)()
                     flush()
                     recorder.begin(next_id)
                     run()
