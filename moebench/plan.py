@@ -35,6 +35,9 @@ from moebench.variants import parse_variant, variant_factory
 # each copy the same number of samples of a row (so a row is the same blend of placements every round).
 DEFAULT_PLACEMENTS = 16
 DEFAULT_SAMPLES = 32
+# Rounds are cheap (a Q8 round of four arms times in well under a second) and the ratio's interval, and
+# so the A/A floor, narrows as their square root: 20 resolve about half of what 5 did.
+DEFAULT_ROUNDS = 20
 DEFAULT_PLACEMENT_MODE = "samples"
 ORDERS = ("shuffled", "alternating")
 NO_AA = "none"  # `--aa none`: no A/A copy, no noise floor measured
@@ -47,7 +50,7 @@ class RunRequest:
     shapes: tuple[str, ...]
     arms: tuple[str, ...]
     ref: str | None = None
-    rounds: int = 5
+    rounds: int = DEFAULT_ROUNDS
     samples: int = DEFAULT_SAMPLES
     warmup: int = 5
     flush: str = "read"

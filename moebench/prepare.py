@@ -117,8 +117,8 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
                                   device):
                 fxs = [copied_fixture(fx) for _ in range(n_place - 1)]
             log(f"{spec.name}: {n_place} placements of each arm")
-            more = {arm.name: _placed_calls(arm, fxs, refs, spec.name, size, device, log, first=1, of=n_place)
-                    for arm in arms if firsts[arm.name][1].passed}
+            more = _more_placements([a for a in arms if firsts[a.name][1].passed], fxs, refs, spec.name, size,
+                                    device)
             del fxs
         build_outputs: dict[str, torch.Tensor] = {}
         for arm in arms:
@@ -184,6 +184,25 @@ def balanced_placements(fitting: int, samples: int) -> int:
     blend of placements in every round (an uneven share moves the row's median from round to
     round by as much as the placements differ)."""
     return next(p for p in range(max(1, min(fitting, samples)), 0, -1) if samples % p == 0)
+
+
+def _more_placements(arms: list[Arm], fxs: list[Fixture], refs: References, shape: str, size: int,
+                     device: torch.device) -> dict[str, tuple[list[PreparedCall], S.ParityInfo, str]]:
+    """Placements 2.. of every arm, one placement at a time, and in each the arms in an order
+    rotated by one: no arm's buffers are always the first (or last) allocated. Per arm, as
+    _placed_calls returns it: the calls, the parity (the first failing copy's), which copy."""
+    calls: dict[str, list[PreparedCall]] = {a.name: [] for a in arms}
+    parity: dict[str, tuple[S.ParityInfo, str]] = {}
+    of = len(fxs) + 1
+    for k, fx in enumerate(fxs, start=1):
+        for arm in arms[k % len(arms):] + arms[:k % len(arms)]:
+            if arm.name in parity and not parity[arm.name][0].passed:
+                continue  # its first failing copy is what the run reports
+            made, check, which = _placed_calls(arm, [fx], refs, shape, size, device, lambda m: None, k, of)
+            calls[arm.name] += made
+            if arm.name not in parity or not check.passed:
+                parity[arm.name] = (check, which)
+    return {name: (calls[name], *parity[name]) for name in calls}
 
 
 def _allocated(device: torch.device) -> int:

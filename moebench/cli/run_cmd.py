@@ -28,7 +28,7 @@ from moebench.cli.common import (
 from moebench.errors import UserError
 from moebench.failures import audit_failure
 from moebench.kernels.registry import parse_arm_list
-from moebench.plan import DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_SAMPLES, DETERMINISM_RUNS, ORDERS, REF_AA
+from moebench.plan import DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_ROUNDS, DEFAULT_SAMPLES, DETERMINISM_RUNS, ORDERS, REF_AA
 from moebench.results.tables import findings_lines, make_console, print_tables
 from moebench.runner import RunFailed, RunInterrupted, RunRequest, resume, run
 from moebench.timing.flush import FLUSH_MODES
@@ -71,7 +71,7 @@ def _progress(console: Console, total: int):
 @click.option("--arm", "external_arms", multiple=True, metavar="NAME=module:factory",
               help="Your own arm: factory(fixture) returns the prepared call (README: bring your own arm).")
 @click.option("--ref", default=None, help="Arm (or build name) the ratios are taken against (default: the first).")
-@click.option("--rounds", type=int, default=5, show_default=True)
+@click.option("--rounds", type=int, default=DEFAULT_ROUNDS, show_default=True)
 @click.option("--samples", type=int, default=DEFAULT_SAMPLES, show_default=True, help="Per arm per round.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Per arm per round, untimed.")
 @click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True,
