@@ -29,7 +29,7 @@ from moebench.timing.timers import KernelRecordTimer
 from timing_fakes import FakeTracer
 
 ROOT = Path(__file__).resolve().parents[1]
-CELL_ARMS = ["--arms", "triton"]  # the stock path, interpreted: a cell takes seconds, not minutes
+CELL_ARMS = ["--arms", "triton", "--aa", "none"]  # the stock path, interpreted (a cell takes seconds); no A/A copy
 
 
 def test_assignment_is_deterministic_balanced_and_keeps_the_sweep_order():
