@@ -255,4 +255,5 @@ def _fixture_info(s: dict) -> S.FixtureInfo:
     floors = S.Floors(**f)
     return S.FixtureInfo(s["name"], s["family"], s["M"], s["K"], s["E"], s["top_k"], s["N"], s["seed"],
                          s["balancedness"], s["fingerprint"], floors,
-                         {k: float(v) for k, v in s["tokens_per_expert"].items()})
+                         {k: float(v) for k, v in s["tokens_per_expert"].items()},
+                         s.get("model", ""), s.get("layout", ""), s.get("config", ""))
