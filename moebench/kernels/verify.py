@@ -15,6 +15,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, derive
+from moebench.kernels.arm import geometry_refusals
 from moebench.kernels.registry import make_arms
 from moebench.kernels.parity import REL_L2_THRESHOLD, Parity, References, check_parity
 
@@ -65,8 +66,11 @@ def verify_cases(fx: Fixture, seed: int | None = None, *, with_edge_cases: bool 
 
 
 def verify_arms(fx: Fixture, arm_names: list[str], *, options: dict | None = None, seed: int | None = None,
-                with_edge_cases: bool = False, threshold: float = REL_L2_THRESHOLD) -> list[Parity]:
-    """One Parity row per (case, arm); raises UserError if an arm cannot run on fx's device."""
+                with_edge_cases: bool = False, threshold: float = REL_L2_THRESHOLD,
+                log=lambda line: None) -> list[Parity]:
+    """One Parity row per (case, arm); raises UserError if an arm cannot run on fx's device. An arm
+    that refuses a case's geometry (Arm.refuses) is not run there: `log` gets its one line, and
+    a case no arm can serve is a UserError."""
     options = options or {}
     arms = make_arms(arm_names, options)
     for arm in arms:
@@ -75,9 +79,14 @@ def verify_arms(fx: Fixture, arm_names: list[str], *, options: dict | None = Non
             raise UserError(f"arm {arm.name!r} cannot run here: {reason}")
     rows = []
     for case in verify_cases(fx, seed, with_edge_cases=with_edge_cases):
-        refs = References(case.fixture)
         shape = fx.spec.name if case.label == "fresh" else f"{fx.spec.name} {case.label}"
+        refused = geometry_refusals(arms, [case.fixture.spec])
+        for line in refused.values():
+            log(f"refused, not checked: {line} ({shape})")
+        refs = References(case.fixture)
         for arm in arms:
+            if (case.fixture.spec.name, arm.name) in refused:
+                continue
             call = arm.prepare(case.fixture)
             rows.append(check_parity(call, refs, shape, threshold))
     return rows
