@@ -42,6 +42,16 @@ def _routes_on(fx: Fixture, experts: list[int], M: int) -> torch.Tensor:
     return ids
 
 
+def empty_expert_set(routed: int, k: int) -> list[int]:
+    """The experts the "empty experts" case routes to: every other one (at most half), and as many
+    of the rest as a row of k distinct experts needs, so that one expert or more stays empty
+    wherever the routed experts outnumber k (a rank of few experts, e.g. under wide expert
+    parallelism, has fewer than 2k)."""
+    evens, odds = list(range(0, routed, 2)), list(range(1, routed, 2))
+    need = min(routed, k + 1)
+    return (evens + odds[: max(0, need - len(evens))])[: max(need, routed // 2)]
+
+
 def edge_cases(fx: Fixture, seed: int) -> list[VerifyCase]:
     """M=1; every token on the same top_k experts (M=67, so each of them gets 67 slots: a full
     block of 64 and a partial one); half the experts empty; M=67 with the shape's routing."""
@@ -51,8 +61,7 @@ def edge_cases(fx: Fixture, seed: int) -> list[VerifyCase]:
     return [
         VerifyCase("M=1", derive(fx, seed, M=1)),
         VerifyCase("one expert set", derive(fx, seed + 1, topk_ids=_routes_on(fx, list(range(k)), EDGE_CASE_M))),
-        VerifyCase("empty experts", derive(fx, seed + 2, topk_ids=_routes_on(
-            fx, list(range(0, routed, 2))[: max(k + 1, routed // 2)], M))),
+        VerifyCase("empty experts", derive(fx, seed + 2, topk_ids=_routes_on(fx, empty_expert_set(routed, k), M))),
         VerifyCase(f"M={EDGE_CASE_M}", derive(fx, seed + 3, M=EDGE_CASE_M)),
     ]
 
