@@ -206,3 +206,24 @@ def test_bad_model_shapes_exit_2_in_one_line(capsys, argv):
 
 def test_layout_names():
     assert [Layout(1, 1).name, Layout(8, 1).name, Layout(1, 8).name, Layout(2, 4).name] == ["tp1", "tp8", "ep8", "tp2ep4"]
+
+
+def test_the_docs_tables_are_the_registry():
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    rows = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| `")]
+    models = {r[0]: r for r in rows if r[0] in MODELS}
+    assert set(models) == set(MODELS)
+    for key, r in models.items():
+        m = MODELS[key]
+        assert [int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5])] == [
+            m.hidden_size, m.routed_experts, m.top_k, m.expert_intermediate, m.routed_scale]
+        assert r[7] == m.config
+    ranks = [r for r in rows if "/" in r[0]]
+    assert len(ranks) == 2 * len(MODELS)
+    for r in ranks:
+        key, layout = r[0].split("/")
+        g = rank_geometry(MODELS[key], parse_layout(layout))
+        assert [int(x) for x in r[1:6]] == [g.K, g.E, g.top_k, g.I, 2 * g.I]
+        assert r[6] == ("yes" if g.shared_expert else "no")
