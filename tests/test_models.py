@@ -227,3 +227,8 @@ def test_the_docs_tables_are_the_registry():
         g = rank_geometry(MODELS[key], parse_layout(layout))
         assert [int(x) for x in r[1:6]] == [g.K, g.E, g.top_k, g.I, 2 * g.I]
         assert r[6] == ("yes" if g.shared_expert else "no")
+
+
+def test_a_model_shape_names_one_file_where_a_shape_names_a_file():
+    from moebench.distributed import cell_filename
+    assert cell_filename("deepseek-v3/ep8/M8") == "deepseek-v3_ep8_M8.json" and cell_filename("A8") == "A8.json"
