@@ -232,3 +232,23 @@ def test_the_docs_tables_are_the_registry():
 def test_a_model_shape_names_one_file_where_a_shape_names_a_file():
     from moebench.distributed import cell_filename
     assert cell_filename("deepseek-v3/ep8/M8") == "deepseek-v3_ep8_M8.json" and cell_filename("A8") == "A8.json"
+
+
+def test_a_shapes_file_letter_can_name_a_model_under_a_layout(tmp_path):
+    path = tmp_path / "shapes.toml"
+    path.write_text('[families.D]\nmodel = "DeepSeek-V3"\nlayout = "ep8"\n')
+    spec = ShapeRegistry().with_shapes_file(path).resolve("D8")
+    assert spec.name == "D8" and spec.seed == derived_seed("D8")
+    assert (spec.K, spec.E, spec.top_k, spec.I, spec.family.shared_expert) == (7168, 33, 9, 2048, True)
+    assert (spec.family.model, spec.family.layout, spec.family.config) == (
+        "DeepSeek-V3", "ep8", "deepseek-ai/DeepSeek-V3 config.json")
+    for body, needle in (('model = "deepseek-v3"\nK = 7168\n', "takes only"),
+                         ('model = "glm-4.5"\nlayout = "tp8"\n', "192 is not a multiple of 128"),
+                         ('model = "nope"\n', "unknown model"),
+                         ('model = 3\n', "strings")):
+        path.write_text("[families.D]\n" + body)
+        with pytest.raises(UserError, match=needle):
+            ShapeRegistry().with_shapes_file(path)
+    path.write_text('[families.A]\nmodel = "deepseek-v3"\nlayout = "ep8"\n')
+    with pytest.raises(UserError, match="override = true"):
+        ShapeRegistry().with_shapes_file(path)
