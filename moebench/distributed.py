@@ -199,6 +199,12 @@ def sweep_filename(req: RunRequest, started_at: str, dry_run: bool) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", "_".join(parts)) + ".json"
 
 
+def cell_filename(shape: str) -> str:
+    """A finished cell's file in the run's folder: the shape's name, a model shape's slashes
+    (`deepseek-v3/ep8/M8`) made underscores so that it is one file."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", shape) + ".json"
+
+
 def cells_folder(path: Path) -> Path:
     """Where the ranks save each finished cell of the sweep whose result goes to `path`."""
     name = path.name[: -len(".json")] if path.name.endswith(".json") else path.name
@@ -224,7 +230,7 @@ def _run_cells(req, plan, cells: list[Cell], where: Placement, folder: Path, sig
             except RunFailed as err:
                 failed.append(S.MissingCell(cell.shape, where.rank, str(err)))
                 continue
-            save(result, folder / f"{cell.shape}.json")
+            save(result, folder / cell_filename(cell.shape))
             done.append(result)
     except (Stopped, KeyboardInterrupt) as err:
         stopped = err
@@ -275,7 +281,7 @@ def _with_saved_cells(reports: dict, folder: Path, given: dict[int, list[Cell]])
     finished = {r.settings.shapes[0]: r for done, _ in reports.values() for r in done}
     for rank, cells in given.items():
         for cell in cells:
-            saved = folder / f"{cell.shape}.json"
+            saved = folder / cell_filename(cell.shape)
             if cell.shape not in finished and saved.exists():
                 try:
                     finished[cell.shape] = load(saved)

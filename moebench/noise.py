@@ -54,6 +54,9 @@ class SecondCopy(Arm):
     def unavailable_reason(self, device) -> str | None:
         return self.inner.unavailable_reason(device)
 
+    def refuses(self, spec) -> str | None:
+        return self.inner.refuses(spec)  # the same geometry limits as the arm it copies
+
     def prepare(self, fx: Fixture) -> PreparedCall:
         call = self.inner.prepare(copied_fixture(fx))
         call.arm = self.name

@@ -64,7 +64,7 @@ def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None) -> t
     for spec in specs:
         fx = build_fixture(spec).to(device)
         rows += verify_arms(fx, names, options=req.options, seed=req.seed, with_edge_cases=req.edge_cases,
-                            threshold=req.threshold)
+                            threshold=req.threshold, log=log)
     return rows, device
 
 

@@ -204,10 +204,13 @@ def with_default_arms(req: RunRequest, device: torch.device, log: Callable[[str]
 
 
 def sweep_shapes(family: str, ms_text: str) -> tuple[str, ...]:
-    """`A` and `1,2,4` -> (`A1`, `A2`, `A4`); the run resolves and checks the names."""
+    """`A` and `1,2,4` -> (`A1`, `A2`, `A4`); `deepseek-v3/ep8` -> (`deepseek-v3/ep8/M1`, ...); the
+    run resolves and checks the names."""
     family = family.strip()
-    if len(family) != 1 or not family.isalpha():
-        raise UserError(f"--family: expected one family letter like A or Q, got {family!r}")
+    model = "/" in family
+    if not model and (len(family) != 1 or not family.isalpha()):
+        raise UserError(f"--family: expected one family letter like A or Q, or MODEL/LAYOUT like deepseek-v3/ep8, "
+                        f"got {family!r}")
     items = [m.strip() for m in ms_text.split(",") if m.strip()]
     if not items or not all(m.isdigit() and int(m) > 0 for m in items):
         raise UserError(f"--m: expected positive token counts like 1,2,4,8, got {ms_text!r}")
@@ -215,4 +218,4 @@ def sweep_shapes(family: str, ms_text: str) -> tuple[str, ...]:
     dupes = sorted({m for m in ms if ms.count(m) > 1})
     if dupes:
         raise UserError(f"--m: M given twice: {', '.join(map(str, dupes))}")
-    return tuple(f"{family.upper()}{m}" for m in ms)
+    return tuple(f"{family}/M{m}" if model else f"{family.upper()}{m}" for m in ms)

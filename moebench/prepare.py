@@ -23,7 +23,7 @@ from moebench.failures import (  # noqa: F401  (RunFailed: raised here, caught b
 from moebench.fixtures import Fixture, build_fixture
 from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
-from moebench.kernels.arm import Arm, PreparedCall
+from moebench.kernels.arm import Arm, PreparedCall, geometry_refusals
 from moebench.kernels.registry import make_arms
 from moebench.kernels.builds import compare_outputs
 from moebench.kernels.cuda_build import CudaBuildError
@@ -73,7 +73,7 @@ class Prepared:
     # With --determinism, per unit in the units' order, until the checks are done (a fixture whose
     # tensors no call keeps, as when an arm lays its weights out anew, is not held while timing).
     made: list[Made] = field(default_factory=list)
-    excluded: set[tuple[str, str]] = field(default_factory=set)  # (shape, arm) failed the oracle: not timed
+    excluded: set[tuple[str, str]] = field(default_factory=set)  # (shape, arm) failed the oracle or refused: not timed
 
 
 def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
@@ -87,6 +87,11 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         why = arm.unavailable_reason(device)
         if why:
             raise UserError(f"arm {arm.name!r} cannot run here: {why}")
+    refused = geometry_refusals(arms, specs)  # before any fixture is built: one line each
+    for (shape, name), line in refused.items():
+        if name == req.ref_arm:
+            raise UserError(f"the reference arm cannot serve {shape}: {line} (choose another --ref)")
+        log(f"refused, not timed: {line} ({shape})")
     fixtures, infos, parity, build_parity, units, keep, made = [], [], [], [], [], [], []
     hbm: dict[str, int] = {}
     placed: dict[str, int] = {}
@@ -105,7 +110,8 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         # First copies of every arm, then as many more placements as memory allows: what the
         # first copies took (and a copy of the fixture) is what each further placement takes.
         before = _allocated(device)
-        firsts = {arm.name: _placed_calls(arm, [fx], refs, spec.name, size, device, log) for arm in arms}
+        served = [arm for arm in arms if (spec.name, arm.name) not in refused]
+        firsts = {arm.name: _placed_calls(arm, [fx], refs, spec.name, size, device, log) for arm in served}
         per_copy = _allocated(device) - before + size
         n_place = placements_for(req.placements, req.placements_target, per_copy, len(specs) - n_spec, device)
         if req.placements is None and req.placement_mode == "samples":
@@ -117,11 +123,11 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
                                   device):
                 fxs = [copied_fixture(fx) for _ in range(n_place - 1)]
             log(f"{spec.name}: {n_place} placements of each arm")
-            more = _more_placements([a for a in arms if firsts[a.name][1].passed], fxs, refs, spec.name, size,
+            more = _more_placements([a for a in served if firsts[a.name][1].passed], fxs, refs, spec.name, size,
                                     device)
             del fxs
         build_outputs: dict[str, torch.Tensor] = {}
-        for arm in arms:
+        for arm in served:
             calls, par, which = firsts[arm.name]
             if arm.name in more:
                 extra, extra_par, extra_which = more[arm.name]
@@ -150,6 +156,7 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
     excluded = parity_exclusions(failures, req.keep_going, req.ref_arm)
     if excluded:
         log(excluded_line(failures))
+    excluded |= set(refused)
     timed = {u.arm for u in units}  # --keep-going: an arm with no unit left is no arm of this run
     subjects = Subjects(shapes=tuple(f.name for f in fixtures), arms=tuple(a for a in req.arms if a in timed),
                         ref=req.ref_arm,
@@ -255,4 +262,5 @@ def _fixture_info(s: dict) -> S.FixtureInfo:
     floors = S.Floors(**f)
     return S.FixtureInfo(s["name"], s["family"], s["M"], s["K"], s["E"], s["top_k"], s["N"], s["seed"],
                          s["balancedness"], s["fingerprint"], floors,
-                         {k: float(v) for k, v in s["tokens_per_expert"].items()})
+                         {k: float(v) for k, v in s["tokens_per_expert"].items()},
+                         s.get("model", ""), s.get("layout", ""), s.get("config", ""))

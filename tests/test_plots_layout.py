@@ -88,6 +88,11 @@ def test_a_prefix_is_kept_apart_from_the_plot_name(prefix, name):
     assert plot_filename(prefix, "A8-samples", "png") == name
 
 
+def test_a_model_shape_names_one_file_not_folders():
+    assert plot_filename("run", "deepseek-v3/ep8/M8-samples", "png") == "run-deepseek-v3_ep8_M8-samples.png"
+    assert plot_filename("", "sweep-kimi-k2/ep8-duration", "svg") == "sweep-kimi-k2_ep8-duration.svg"
+
+
 def test_written_plots_carry_the_separated_prefix(tmp_path):
     written = write_plots(ResultIndex(make_result(shapes=("A8",), rounds=2, samples=2)), tmp_path, prefix="stock")
     names = sorted(p.name for w in written for p in w.paths)

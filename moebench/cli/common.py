@@ -7,7 +7,7 @@ import click
 from moebench.fixtures import ShapeRegistry
 
 shape_option = click.option("--shape", "shapes", multiple=True, metavar="S[,S...]",
-                            help="Shape names such as A8, Q128 (repeat or comma-separate).")
+                            help="Shape names such as A8, Q128 or deepseek-v3/ep8/M8 (repeat or comma-separate).")
 shapes_file_option = click.option("--shapes-file", type=click.Path(dir_okay=False), default=None,
                                   help="TOML file of extra families ([families.X] tables).")
 balancedness_option = click.option("--balancedness", type=float, default=0.8, show_default=True,

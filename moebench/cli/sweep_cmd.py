@@ -23,7 +23,7 @@ RUN_OPTIONS = [p for p in run_command.params if p.name not in ("shapes", "resume
 
 
 @cli.command("sweep", params=[
-    click.Option(["--family"], default=None, help="Family letter, e.g. A or Q."),
+    click.Option(["--family"], default=None, help="Family letter, e.g. A or Q, or MODEL/LAYOUT, e.g. deepseek-v3/ep8."),
     click.Option(["--m", "--ms", "ms"], default=None, metavar="M[,M...]",
                  help="Token counts, e.g. 1,2,4,8,16 (--ms under torchrun, whose parser takes --m for its own)."),
     click.Option(["--gpus"], default=None, metavar="I[,I...]",

@@ -16,7 +16,7 @@ from typing import Callable, ClassVar
 import torch
 
 from moebench.errors import UserError
-from moebench.fixtures import Fixture
+from moebench.fixtures import Fixture, ShapeSpec
 from moebench.results.schema import DeclaredKernel
 
 
@@ -88,10 +88,27 @@ class Arm(ABC):
         """None if the arm can run on `device` here; else why not, in one line."""
         return None
 
+    def refuses(self, spec: ShapeSpec) -> str | None:
+        """Why this arm cannot serve `spec`'s geometry (K, E, top_k, I, M), in one line naming the
+        limit, or None. Host arithmetic only: checked before any fixture is built or timed."""
+        return None
+
     def default_skip_reason(self, device: torch.device) -> str | None:
         """Why a run with no --arms leaves this available arm out here (e.g. it would launch
         what another arm launches), or None to time it."""
         return None
+
+
+def geometry_refusals(arms, specs) -> dict[tuple[str, str], str]:
+    """(shape, arm name) -> the line each arm refuses a shape's geometry with; a UserError when
+    no arm can serve some shape (there would be nothing to run there)."""
+    refused = {}
+    for spec in specs:
+        lines = {arm.name: arm.refuses(spec) for arm in arms}
+        if arms and all(lines.values()):
+            raise UserError(f"no arm can serve {spec.name}: " + "; ".join(lines.values()))
+        refused.update({(spec.name, name): line for name, line in lines.items() if line})
+    return refused
 
 
 ArmFactory = Callable[..., Arm]

@@ -94,6 +94,11 @@ class BuildArm(Arm):
     def unavailable_reason(self, device: torch.device) -> str | None:
         return self.inner.unavailable_reason(device)
 
+    def refuses(self, spec) -> str | None:
+        line = self.inner.refuses(spec)  # the family arm's limits, under this arm's name
+        own = f"{self.inner.name}: "
+        return None if line is None else f"{self.name}: {line[len(own):] if line.startswith(own) else line}"
+
     def prepare(self, fx: Fixture) -> PreparedCall:
         try:
             call = self.inner.prepare(fx)

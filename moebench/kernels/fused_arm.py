@@ -31,7 +31,7 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, RoutePlan, route_plan
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
-from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K, validate  # noqa: F401
+from moebench.kernels.fused_checks import MAX_E, MAX_TOP_K, geometry_refusal, validate  # noqa: F401
 from moebench.kernels.fused_checks import need as _need
 from moebench.kernels.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
                                            FusedWeights, prepare_fused_weights)
@@ -411,6 +411,19 @@ class CudaFusedArm(Arm):
         except ImportError as err:
             return f"needs cuda-core and NVRTC ({err})"
         return None
+
+    def refuses(self, spec) -> str | None:
+        """The decode kernel's limits (experts, top_k, the shared memory K needs at the block size
+        this call would take) and the prefill pair's (32-bit offsets), for the paths the call may take;
+        the grouped path runs cuda-swapab's kernels."""
+        if self.path == "grouped":
+            return None
+        bm = self.block_m or default_block_m(spec.M * spec.top_k, spec.E)
+        if self.block_m is None and self.cluster == 1:
+            bm = min(bm, MAX_BLOCK_M_ALONE)
+        line = geometry_refusal(spec.M, spec.K, spec.E, spec.top_k, spec.I, bm, self.cluster or DEFAULT_CLUSTER,
+                                decode=self.path in ("auto", "decode"), prefill=self.path in ("auto", "prefill"))
+        return None if line is None else f"{self.name}: {line}"
 
     def prepare(self, fx: Fixture) -> PreparedCall:
         s = fx.spec

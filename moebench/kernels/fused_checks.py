@@ -8,7 +8,7 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import RoutePlan, plan_capacity
 from moebench.kernels.fused_layout import CLUSTERS, FP8, GROUP, LAYOUT, FusedWeights
-from moebench.kernels.fused_policy import MAX_BLOCK_M, MAX_BLOCK_M_ALONE
+from moebench.kernels.fused_policy import MAX_BLOCK_M, MAX_BLOCK_M_ALONE, choose_stages
 
 MAX_E, MAX_TOP_K = 1024, 16
 
@@ -16,6 +16,29 @@ MAX_E, MAX_TOP_K = 1024, 16
 def need(cond: bool, msg: str) -> None:
     if not cond:
         raise UserError(f"cuda-fused: {msg}")
+
+
+PREFILL_OFFSETS = 2**31  # the prefill kernels' offsets into [slots, max(I, K)] are 32-bit (validate_prefill)
+
+
+def geometry_refusal(M: int, K: int, E: int, top_k: int, I: int, block_m: int, cluster: int, *,  # noqa: E741
+                     decode: bool = True, prefill: bool = True) -> str | None:
+    """The first limit a problem of these dimensions passes, as one line, or None: what `validate`,
+    `choose_stages` and the prefill path's checks would refuse once the tensors exist, decided
+    from the dimensions alone. `decode` / `prefill`: whether the call may take that path."""
+    if E > MAX_E:
+        return f"E={E} experts, at most {MAX_E}"
+    if top_k > MAX_TOP_K:
+        return f"top_k={top_k}, at most {MAX_TOP_K}"
+    if prefill and M * top_k * max(I, K) >= PREFILL_OFFSETS:
+        return (f"M*top_k*max(I, K) = {M * top_k * max(I, K):,} must stay below 2^31 "
+                f"(the prefill kernels' 32-bit offsets); at most M={(PREFILL_OFFSETS - 1) // (top_k * max(I, K))}")
+    if decode:
+        try:
+            choose_stages(block_m, K, None, cluster)
+        except UserError as err:
+            return str(err).removeprefix("cuda-fused: ")
+    return None
 
 
 def check_plan(plan: RoutePlan, num_slots: int, E: int, bm: int) -> int:

@@ -15,6 +15,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, derive
+from moebench.kernels.arm import geometry_refusals
 from moebench.kernels.registry import make_arms
 from moebench.kernels.parity import REL_L2_THRESHOLD, Parity, References, check_parity
 
@@ -41,6 +42,16 @@ def _routes_on(fx: Fixture, experts: list[int], M: int) -> torch.Tensor:
     return ids
 
 
+def empty_expert_set(routed: int, k: int) -> list[int]:
+    """The experts the "empty experts" case routes to: every other one (at most half), and as many
+    of the rest as a row of k distinct experts needs, so that one expert or more stays empty
+    wherever the routed experts outnumber k (a rank of few experts, e.g. under wide expert
+    parallelism, has fewer than 2k)."""
+    evens, odds = list(range(0, routed, 2)), list(range(1, routed, 2))
+    need = min(routed, k + 1)
+    return (evens + odds[: max(0, need - len(evens))])[: max(need, routed // 2)]
+
+
 def edge_cases(fx: Fixture, seed: int) -> list[VerifyCase]:
     """M=1; every token on the same top_k experts (M=67, so each of them gets 67 slots: a full
     block of 64 and a partial one); half the experts empty; M=67 with the shape's routing."""
@@ -50,8 +61,7 @@ def edge_cases(fx: Fixture, seed: int) -> list[VerifyCase]:
     return [
         VerifyCase("M=1", derive(fx, seed, M=1)),
         VerifyCase("one expert set", derive(fx, seed + 1, topk_ids=_routes_on(fx, list(range(k)), EDGE_CASE_M))),
-        VerifyCase("empty experts", derive(fx, seed + 2, topk_ids=_routes_on(
-            fx, list(range(0, routed, 2))[: max(k + 1, routed // 2)], M))),
+        VerifyCase("empty experts", derive(fx, seed + 2, topk_ids=_routes_on(fx, empty_expert_set(routed, k), M))),
         VerifyCase(f"M={EDGE_CASE_M}", derive(fx, seed + 3, M=EDGE_CASE_M)),
     ]
 
@@ -65,8 +75,11 @@ def verify_cases(fx: Fixture, seed: int | None = None, *, with_edge_cases: bool 
 
 
 def verify_arms(fx: Fixture, arm_names: list[str], *, options: dict | None = None, seed: int | None = None,
-                with_edge_cases: bool = False, threshold: float = REL_L2_THRESHOLD) -> list[Parity]:
-    """One Parity row per (case, arm); raises UserError if an arm cannot run on fx's device."""
+                with_edge_cases: bool = False, threshold: float = REL_L2_THRESHOLD,
+                log=lambda line: None) -> list[Parity]:
+    """One Parity row per (case, arm); raises UserError if an arm cannot run on fx's device. An arm
+    that refuses a case's geometry (Arm.refuses) is not run there: `log` gets its one line, and
+    a case no arm can serve is a UserError."""
     options = options or {}
     arms = make_arms(arm_names, options)
     for arm in arms:
@@ -75,9 +88,14 @@ def verify_arms(fx: Fixture, arm_names: list[str], *, options: dict | None = Non
             raise UserError(f"arm {arm.name!r} cannot run here: {reason}")
     rows = []
     for case in verify_cases(fx, seed, with_edge_cases=with_edge_cases):
-        refs = References(case.fixture)
         shape = fx.spec.name if case.label == "fresh" else f"{fx.spec.name} {case.label}"
+        refused = geometry_refusals(arms, [case.fixture.spec])
+        for line in refused.values():
+            log(f"refused, not checked: {line} ({shape})")
+        refs = References(case.fixture)
         for arm in arms:
+            if (case.fixture.spec.name, arm.name) in refused:
+                continue
             call = arm.prepare(case.fixture)
             rows.append(check_parity(call, refs, shape, threshold))
     return rows

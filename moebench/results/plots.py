@@ -9,6 +9,8 @@ written with fixed metadata, so the same result gives the same files.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,7 +230,8 @@ def plot_filename(prefix: str, name: str, fmt: str) -> str:
     ends in a separator of its own (`run-`, `run_`, `run.`)."""
     if prefix and not prefix.endswith(("-", "_", ".")):
         prefix += "-"
-    return f"{prefix}{name}.{fmt}"
+    # a model shape's name has slashes (`deepseek-v3/ep8/M8-samples`): one file, not folders
+    return f"{prefix}{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.{fmt}"
 
 
 def write_plots(ix: ResultIndex, out_dir: str | Path, prefix: str = "") -> list[WrittenPlot]:

@@ -32,6 +32,8 @@ Format history:
     order was drawn from for each pair of rounds (None: odd rounds forward, even reversed).
     RunResult.status (later, read as complete for older files): a run written after each round,
     complete or not, why not, how many rounds are in, and what `run --resume` needs to finish it.
+    FixtureInfo.model, .layout and .config (later, "" in older files): a registry shape's public
+    model, its parallel layout and the config its numbers come from (`deepseek-v3/ep8/M8`).
 
 These records are the types of every stage that makes them, not copies: the fixtures' Floors,
 the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
@@ -196,6 +198,10 @@ class FixtureInfo:
     fingerprint: str
     floors: Floors
     tokens_per_expert: dict[str, float] = field(default_factory=dict)  # min, median, max
+    # a registry shape's model (as published), layout (`ep8`) and config (`<hub repo> config.json`)
+    model: str = ""
+    layout: str = ""
+    config: str = ""
 
 
 @dataclass(frozen=True)
