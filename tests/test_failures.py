@@ -152,7 +152,7 @@ def test_the_cli_exits_1_on_a_parity_failure_and_0_with_keep_going(tmp_path, mon
     real = run_cmd.run
     monkeypatch.setattr(run_cmd, "run", lambda req, **kw: real(req, backend(), **kw))
     argv = ["run", "--shape", "T8", "--arms", "fake-ref,fake-broken,fake-fast", "--rounds", "1", "--samples", "2",
-            "--warmup", "0", "--out", str(tmp_path)]
+            "--warmup", "0", "--aa", "none", "--out", str(tmp_path)]
     with pytest.raises(SystemExit) as code:
         main(argv)
     err = capsys.readouterr().err
@@ -173,7 +173,7 @@ def test_the_cli_exits_1_on_a_failed_audit_and_keeps_the_result_marked(tmp_path,
     monkeypatch.setattr(run_cmd, "run", lambda req, **kw: real(req, backend(drop_in_round=2), **kw))
     with pytest.raises(SystemExit) as code:
         main(["run", "--shape", "T8", "--arms", "fake-ref", "--rounds", "2", "--samples", "2", "--warmup", "0",
-              "--out", str(tmp_path)])
+              "--aa", "none", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     (saved,) = tmp_path.glob("*.json")
     assert code.value.code == 1

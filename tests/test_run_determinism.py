@@ -35,7 +35,7 @@ ARMS = {name: f"{name}=determinism_planted:{cls}" for name, cls in (
     ("planted-clean", "PlantedClean"), ("fake-timed-triton", "FakeTimedTriton"),
     ("planted-run-noise", "PlantedRunNoise"), ("planted-batch-rows", "PlantedBatchRows"))}
 RUNS = 3
-TIMING = ["--rounds", "2", "--samples", "3", "--warmup", "1"]
+TIMING = ["--rounds", "2", "--samples", "3", "--warmup", "1", "--aa", "none"]
 
 
 @pytest.fixture(scope="module")
