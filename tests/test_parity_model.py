@@ -63,6 +63,8 @@ class Terms(dict):
 def test_correct_kernels_pass_on_every_geometry(case, way):
     geo, inp, terms = case
     model, kw = CORRECT[way]
+    if geo is DS_WHOLE and model in ("bf16-partial-rows", "bf16-intermediates"):
+        pytest.skip("the whole-expert geometry with the arms of issue 52's table only (CPU time)")
     check = within_model(simulate(inp, seed=3, shared=geo.shared, **kw), terms[model])
     assert check.passed and check.excess < 0.5, f"{way} on {geo.name}: {check}"
 
@@ -90,7 +92,7 @@ def test_the_stock_model_still_fails_a_dropped_or_misweighted_expert(case, fault
     geo, inp, terms = case
     if fault == "missing_shared_expert" and not geo.shared:
         pytest.skip("no shared expert in this geometry")
-    if geo in (DS_WHOLE, ODD_WIDE):
+    if geo is DS_WHOLE or geo is ODD_WIDE:
         pytest.skip("the stock model's faults on the smaller geometries (CPU time)")
     check = within_model(simulate(inp, bf16_intermediates=True, fault=fault, shared=geo.shared),
                          terms["bf16-intermediates"])
