@@ -63,12 +63,14 @@ def _parity_table(rows, device, interpret) -> Table:
     for col in ("shape", "arm", "oracle"):
         t.add_column(col, no_wrap=True)
     # threshold: the relative L2 the arm's error model allows over the whole output (or --threshold)
-    for col in ("rel L2", "max abs err", "ref max abs", "NaN/Inf", "threshold", "rel L2 vs exact"):
+    # excess: the residual over the error model's allowance at its worst place (<= 1 passes)
+    for col in ("rel L2", "max abs err", "ref max abs", "NaN/Inf", "threshold", "excess", "rel L2 vs exact"):
         t.add_column(col, justify="right")
     t.add_column("result")
     for r in rows:
         result = Text("ok", style="green") if r.passed else Text.assemble(("FAIL", "red"), f" {r.reason()}")
         exact = "—" if r.rel_l2_exact is None else f"{r.rel_l2_exact:.2e}"
         t.add_row(r.shape, r.arm, r.oracle, f"{r.rel_l2:.2e}", f"{r.max_abs:.2e}", f"{r.ref_max_abs:.2e}",
-                  str(r.nonfinite), f"{r.threshold:.2e}", exact, result)
+                  str(r.nonfinite), f"{r.threshold:.2e}", "—" if r.model_excess is None else f"{r.model_excess:.3f}",
+                  exact, result)
     return t
