@@ -23,7 +23,7 @@ class VerifyRequest:
     interpret: bool = False
     seed: int | None = None
     edge_cases: bool = False
-    threshold: float = 1e-2
+    threshold: float | None = None  # a fixed relative-L2 limit instead of the arms' error models
     balancedness: float = 0.8
     shapes_file: str | None = None
     max_fixture_gb: float = 16.0
@@ -36,7 +36,7 @@ def _setup(req: VerifyRequest, log: Callable[[str], None]) -> tuple[list, list[s
     if req.shapes_file:
         registry = registry.with_shapes_file(req.shapes_file)
     specs = registry.resolve_many(list(req.shapes), balancedness=req.balancedness)
-    if not req.threshold > 0:
+    if req.threshold is not None and not req.threshold > 0:
         raise UserError(f"--threshold must be positive, got {req.threshold}")
     if req.interpret:
         use_interpreter(True)

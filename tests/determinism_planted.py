@@ -95,3 +95,21 @@ class FakeTimedTriton(Arm):
             call.run()
             GPU.launch("planted", 4000)
         return replace(call, arm=self.name, run=run, kernels=KERNELS)
+
+
+class PlantedShortOfMemory(_Planted):
+    """planted-clean whose fresh process finds no device memory the first N times it prepares:
+    N is read from, and counted down in, the file MOEBENCH_PLANTED_OOM names (a card that others
+    fill, then free)."""
+    name = "planted-short-of-memory"
+
+    def prepare(self, fx) -> PreparedCall:
+        path = os.environ.get("MOEBENCH_PLANTED_OOM")
+        if path and os.getpid() != int(os.environ.get("MOEBENCH_PLANTED_PARENT", "0")):
+            with open(path) as f:
+                left = int(f.read())
+            if left > 0:
+                with open(path, "w") as f:
+                    f.write(str(left - 1))
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB (planted)")
+        return super().prepare(fx)

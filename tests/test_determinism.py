@@ -84,6 +84,26 @@ def test_a_fixture_not_built_from_its_spec_is_not_rebuilt_in_the_fresh_process(t
     assert v.deterministic and not v.passed
 
 
+@pytest.mark.parametrize("short_times, equal", [(2, True), (3, None)])
+def test_a_fresh_process_short_of_memory_is_tried_again_then_named(t4, tmp_path, monkeypatch, short_times, equal):
+    # eight test workers on one card left the fresh process no memory: tried again after pauses,
+    # and if it never gets any the check says so, rather than reading as a determinism failure
+    import os
+    import moebench.determinism as det
+    monkeypatch.setattr(det, "MEMORY_RETRY_PAUSES_S", (0.0, 0.0))
+    counter = tmp_path / "oom"
+    counter.write_text(str(short_times))
+    monkeypatch.setenv("MOEBENCH_PLANTED_OOM", str(counter))
+    monkeypatch.setenv("MOEBENCH_PLANTED_PARENT", str(os.getpid()))
+    spec = "planted-short-of-memory=determinism_planted:PlantedShortOfMemory"
+    (v,) = check_arms(t4, ["planted-short-of-memory"], external=(spec,), runs=2)
+    assert v.cross_process.equal is equal and v.run_to_run.bitwise
+    if equal is None:
+        assert "out of device memory in the fresh process" in v.cross_process.error
+        assert "(3 tries)" in v.cross_process.error and not v.passed
+    assert counter.read_text() == str(max(short_times - 3, 0))
+
+
 # ------------------------------------------------------------------------------ building blocks
 
 

@@ -31,7 +31,7 @@ class PreparedCall:
     kernels: tuple[KernelDecl, ...]  # exactly what one sample must contain
     reset: Callable[[], None] | None = None  # untimed, before every sample (accumulating outputs)
     identity: dict = field(default_factory=dict)  # config and build hashes, JSON-able, stored in results
-    oracle: str = "exact"  # the roundings parity is judged against (moebench.fixtures.oracle.ROUNDINGS)
+    oracle: str = "exact"  # where it rounds: an error model of moebench.fixtures.error_model.MODELS
     workspace: object = None  # what run() writes besides the output (intermediates), for checks
 
     @property

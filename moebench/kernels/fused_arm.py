@@ -486,8 +486,12 @@ class CudaFusedArm(Arm):
         }
         kernels = (FUSED_DET_KERNELS if self.deterministic else
                    FUSED_ZEROING_KERNELS if dims["zeroing"] == "kernel" else FUSED_KERNELS)
+        # where it rounds (moebench.fixtures.error_model): every (block, 128 columns of I) item adds
+        # its partial into the BF16 output, top_k x I/128 BF16 adds an element; the deterministic
+        # build stores each partial as a BF16 row and sums the rows in FP32
+        oracle = "bf16-partial-rows" if self.deterministic else "bf16-partials"
         return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels,
-                            identity=identity, workspace=dims["workspace"])
+                            identity=identity, workspace=dims["workspace"], oracle=oracle)
 
 
 @register_arm("cuda-fused-det")

@@ -17,7 +17,7 @@ from moebench.errors import UserError
 from moebench.fixtures import Fixture, derive
 from moebench.kernels.arm import geometry_refusals
 from moebench.kernels.registry import make_arms
-from moebench.kernels.parity import REL_L2_THRESHOLD, Parity, References, check_parity
+from moebench.kernels.parity import Parity, References, check_parity
 
 EDGE_CASE_M = 64 + 3  # one past a multiple of the stock BLOCK_SIZE_M (64) and of every smaller one
 
@@ -75,11 +75,12 @@ def verify_cases(fx: Fixture, seed: int | None = None, *, with_edge_cases: bool 
 
 
 def verify_arms(fx: Fixture, arm_names: list[str], *, options: dict | None = None, seed: int | None = None,
-                with_edge_cases: bool = False, threshold: float = REL_L2_THRESHOLD,
+                with_edge_cases: bool = False, threshold: float | None = None,
                 log=lambda line: None) -> list[Parity]:
     """One Parity row per (case, arm); raises UserError if an arm cannot run on fx's device. An arm
     that refuses a case's geometry (Arm.refuses) is not run there: `log` gets its one line, and
-    a case no arm can serve is a UserError."""
+    a case no arm can serve is a UserError. `threshold`: a fixed relative-L2 limit instead of
+    each arm's error model."""
     options = options or {}
     arms = make_arms(arm_names, options)
     for arm in arms:

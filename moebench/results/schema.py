@@ -16,6 +16,8 @@ Format history:
     RunResult.noise (later, defaulted to none): a measured noise floor per shape and arm, the
     relative change that identical code shows between two prepared copies of itself.
     ParityInfo.ref_max_abs (None in older files).
+    ParityInfo.model_excess, .model_where, .expected_rel_l2 (None in older files, judged by their
+    fixed relative-L2 threshold): the arm's error-model check (moebench.fixtures.error_model).
     RunResult.determinism (`verify --determinism --out`): per arm and shape, run-to-run, batch
     invariance and across-processes verdicts (moebench.results.determinism_records); a file of
     verdicts alone has no samples and timer "none". A timed run carries the same records, for
@@ -238,10 +240,22 @@ class ParityInfo:
     oracle: str = "exact"  # the roundings the arm declared and was judged against
     rel_l2_exact: float | None = None  # against the exact oracle, when `oracle` is another
     ref_max_abs: float | None = None  # the oracle's largest magnitude, for scale
+    # judged by the arm's error model (moebench.fixtures.error_model) unless a fixed threshold was
+    # asked for: the residual energy over the model's allowance at its worst place (<= 1 passes),
+    # that place, and the relative L2 the model expects of a correct kernel (`threshold` is then
+    # the relative L2 the model allows over the whole output)
+    model_excess: float | None = None
+    model_where: str | None = None
+    expected_rel_l2: float | None = None
 
     def reason(self) -> str:
         if self.nonfinite:
             return f"{self.nonfinite} output elements unwritten or not finite"
+        if self.model_excess is not None:
+            if self.model_excess > 1.0:
+                return (f"residual {self.model_excess:.3g}x its error model's allowance at {self.model_where} "
+                        f"(relative L2 {self.rel_l2:.3g}; a correct kernel expects {self.expected_rel_l2:.3g})")
+            return "ok"
         if self.rel_l2 > self.threshold:
             return f"relative L2 error {self.rel_l2:.3g} > {self.threshold:g}"
         return "ok"
