@@ -240,10 +240,19 @@ def inferred_kernels(samples: Sequence[Sample]) -> tuple[DeclaredKernel, ...]:
     return tuple(DeclaredKernel(name, f"^{re.escape(name)}$", n) for name, n in sorted(Counter(common).items()))
 
 
-def read_floor(backend: TimingBackend, recorder) -> ReadFloor | None:
+def measured_read_floor(backend: TimingBackend, samples: int = PROBE_SAMPLES) -> ReadFloor | None:
+    """The read floor alone, on a recorder of its own (`probe --op read`, `doctor --calibrate`)."""
+    recorder = backend.timer.open(samples * MAX_PROBE_UNITS)
+    try:
+        return read_floor(backend, recorder, samples)
+    finally:
+        recorder.close()
+
+
+def read_floor(backend: TimingBackend, recorder, samples: int = PROBE_SAMPLES) -> ReadFloor | None:
     """The best cold read of the probe's layouts (moebench.read_floor), timed by the run's own
-    timer after the probe's warm-up burst: each layout PROBE_SAMPLES audited samples; None
-    when the timer keeps no samples or no layout had half of its samples pass the audit."""
+    timer after the probe's warm-up burst: each layout `samples` audited samples; None when
+    the timer keeps no samples or no layout had half of its samples pass the audit."""
     if backend.probe is None or not backend.timer.keeps_samples:
         return None
     probe = backend.probe()
@@ -254,11 +263,11 @@ def read_floor(backend: TimingBackend, recorder) -> ReadFloor | None:
         backend.sync()
         recorder.collect()  # the burst's kernels are no sample's
     timer = backend.timer
-    out = run_rounds(list(probe.units), EngineConfig(rounds=1, samples=PROBE_SAMPLES, warmup=PROBE_WARMUP), recorder,
+    out = run_rounds(list(probe.units), EngineConfig(rounds=1, samples=samples, warmup=PROBE_WARMUP), recorder,
                      timer, flush=backend.flush, sync=backend.sync, first_external_id=PROBE_ID_BASE)
     declared, _ = _declared(probe.units, out.samples)
     audit = timer.audit(out.samples, declared, out.kernels, out.dropped_by_round)
     values: dict[str, list[int]] = {u.arm: [] for u in probe.units}
     for s in audited(out.samples, audit):
         values[s.arm].append(s.value_ns)
-    return best_read(values, probe.nbytes, backend.gpu.name if backend.gpu else None, PROBE_SAMPLES, probe.method)
+    return best_read(values, probe.nbytes, backend.gpu.name if backend.gpu else None, samples, probe.method)

@@ -118,6 +118,22 @@ def test_the_floor_is_saved_with_the_gpu_and_a_version_1_file_still_loads(tmp_pa
     assert old.provenance.gpu.read_bandwidth_bytes_per_s == result.provenance.gpu.read_bandwidth_bytes_per_s
 
 
+def test_probe_read_prints_every_layout_and_the_floor(capsys):
+    from moebench.cli.probe_cmd import read_floor_lines
+    from moebench.fidelity import run_read_floor
+    gpu, events = FakeGpu(), []
+    floor = run_read_floor(samples=4, backend=_backend(gpu, events, {"8x256x4": 360_000, "2x512x8": 330_000}))
+    assert floor.config == "2x512x8" and floor.samples == 4 and events[0] == "warm"
+    lines = read_floor_lines(floor)
+    assert lines[0].startswith(f"read floor: {2**30 / 330e-6 / 1e12:.3f} TB/s, layout 2x512x8")
+    assert lines[1].strip().startswith("2x512x8:") and lines[1].endswith("<- the floor")
+    assert lines[2].strip().startswith("8x256x4:") and lines[-1].startswith("datasheet 3.35 TB/s")
+    with pytest.raises(UserError, match="--op read needs a timer"):
+        run_read_floor(timer="none")
+    with pytest.raises(UserError, match="--samples must be 2 to"):
+        run_read_floor(samples=1)
+
+
 cuda_core = pytest.importorskip("cuda.core")
 
 
