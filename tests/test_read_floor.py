@@ -113,6 +113,11 @@ def test_the_floor_is_saved_with_the_gpu_and_a_version_1_file_still_loads(tmp_pa
         del c["power_limit_w"]
     path = tmp_path / "old.json.gz"
     path.write_bytes(gzip.compress(json.dumps(plain).encode()))
+    from moebench.results.validate import problems
+    assert problems(saved) == []
+    lying = replace(saved, provenance=replace(saved.provenance, gpu=replace(
+        gpu_info, read_floor=replace(m.read_floor, config="nowhere"))))
+    assert problems(lying) == [f"read_floor: {m.read_floor.bytes_per_s:g} B/s is not its layout nowhere's rate"]
     old = load(path, trust_stored=True)
     assert old.schema_version == 1 and old.provenance.gpu.read_floor is None
     assert old.provenance.gpu.read_bandwidth_bytes_per_s == result.provenance.gpu.read_bandwidth_bytes_per_s
