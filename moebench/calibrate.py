@@ -1,9 +1,9 @@
 """`moebench doctor --calibrate`: what difference this machine can resolve, before a user trusts
 a 2% result on it.
 
-About a minute on the GPU: one run of the default protocol at one short shape (Q8, ~25 us on an
-H100) timing an arm and two identical copies of it together, `cuda-fused` and two `--build`s of
-its own shipped source (on a GPU it cannot run on: `triton` and its `--aa` copy). Identical code
+About a minute on the GPU: one run of the default protocol at one short shape (Q8) timing an arm
+and identical copies of it together: `cuda-fused`, two `--build`s of its own shipped source and
+the A/A copy every run times of its reference (on a GPU it cannot run on: `triton` and its A/A copy). Identical code
 should read 1.000x; how far its copies' paired ratios and their intervals stray from 1 is the
 difference this machine cannot tell from nothing. Beside it: the run's read floor (measured, the
 layout that won, the datasheet, the share of it) and the clocks the rounds ran at.
@@ -160,18 +160,19 @@ def calibration_lines(cal: Calibration) -> list[str]:
 
 
 def calibration_request(fused_runs_here: bool, shape: str, out_dir: str, command: tuple[str, ...]):
-    """The run: cuda-fused and two --build copies of its shipped source, or (where cuda-fused cannot
-    run) triton and its --aa copy. Returns (request, arm, copy labels)."""
+    """The run, as `moebench run` makes it by default (the reference's A/A copy ARM#2 included):
+    cuda-fused and two --build copies of its shipped source, or (where cuda-fused cannot run)
+    triton. Returns (request, arm, copy labels): the builds and ARM#2."""
     from moebench.kernels.kernel_source import KERNELS_DIR
     from moebench.noise import copy_label
-    from moebench.plan import RunRequest
+    from moebench.plan import REF_AA, RunRequest
     if fused_runs_here:
         source = str(KERNELS_DIR / "sm90_fused_moe.cu")
         req = RunRequest(shapes=(shape,), arms=(FUSED,), ref=FUSED, out_dir=out_dir, command=command,
-                         builds=tuple(f"{name}={source}" for name in COPY_NAMES))
-        return req, FUSED, tuple(f"{FUSED}@{name}" for name in COPY_NAMES)
+                         builds=tuple(f"{name}={source}" for name in COPY_NAMES), aa_arm=REF_AA)
+        return req, FUSED, (*(f"{FUSED}@{name}" for name in COPY_NAMES), copy_label(FUSED))
     req = RunRequest(shapes=(shape,), arms=(FALLBACK,), ref=FALLBACK, out_dir=out_dir, command=command,
-                     aa_arm=FALLBACK)
+                     aa_arm=REF_AA)
     return req, FALLBACK, (copy_label(FALLBACK),)
 
 

@@ -72,10 +72,12 @@ def test_the_request_times_the_arm_and_two_builds_of_its_own_source():
     from moebench.plan import RunRequest, plan_arms
     req, arm, copies = calibration_request(True, "Q8", "/tmp/x", ("moebench", "doctor", "--calibrate"))
     planned, plan = plan_arms(req)
-    assert arm == "cuda-fused" and planned.arms == ARMS and copies == COPIES and planned.ref_arm == "cuda-fused"
+    assert arm == "cuda-fused" and copies == (*COPIES, "cuda-fused#2") and planned.ref_arm == "cuda-fused"
+    assert set(planned.arms) == {"cuda-fused", *copies} and planned.aa_arm == "cuda-fused"
     assert req.protocol == RunRequest(shapes=("Q8",), arms=("cuda-fused",)).protocol  # the default protocol
     req, arm, copies = calibration_request(False, "Q8", "/tmp/x", ())
-    assert (arm, copies, req.aa_arm) == ("triton", ("triton#2",), "triton")
+    planned, _ = plan_arms(req)
+    assert (arm, copies, planned.aa_arm, planned.arms) == ("triton", ("triton#2",), "triton", ("triton", "triton#2"))
 
 
 def test_without_a_gpu_it_is_one_line():

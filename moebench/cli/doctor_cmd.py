@@ -14,7 +14,7 @@ from moebench.cli import cli
 @click.option("--cpu", "cpu_only", is_flag=True,
               help="Check only what CPU use needs (torch, the Triton interpreter, NVRTC, the compile cache).")
 @click.option("--calibrate", is_flag=True,
-              help="About a minute on the GPU: an arm and two identical copies of it timed together at "
+              help="About a minute on the GPU: an arm and identical copies of it timed together at "
                    "default settings (their spread), the read floor and the clocks; ends with the smallest "
                    "difference this machine resolves.")
 @click.option("--shape", default="Q8", show_default=True, help="With --calibrate: the shape timed.")
