@@ -26,7 +26,7 @@ def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, comma
     summaries, ratios = summarize(m.audited_samples, subjects.shapes, subjects.arms, subjects.ref,
                                   subjects.hbm_bytes, m.read_bandwidth_bytes_per_s)
     if gpu is not None:
-        gpu = replace(gpu, read_bandwidth_bytes_per_s=m.read_bandwidth_bytes_per_s)
+        gpu = replace(gpu, read_bandwidth_bytes_per_s=m.read_bandwidth_bytes_per_s, read_floor=m.read_floor)
     settings = S.Settings(shapes=subjects.shapes, arms=subjects.arms, ref=subjects.ref, rounds=p.rounds,
                           samples=p.samples, warmup=p.warmup, flush=p.flush, flush_bytes=m.flush_bytes,
                           timer=m.timer, balancedness=subjects.balancedness,

@@ -287,6 +287,22 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
     return ProbeResult(op, nbytes, m.samples, m.audit, m.timer, tuple(m.audited_samples), flops)
 
 
+def run_read_floor(samples: int = 20, flush: str = "read", timer: str = "cupti", backend=None):
+    """`probe --op read`: the run's read floor alone (moebench.read_floor), every layout of the
+    read kernel timed cold after the warm-up burst; the ReadFloor, or None when no layout's
+    samples passed the audit. Timer `none` cannot read a floor."""
+    from moebench.measure import MAX_SAMPLES, TimingProtocol, check_protocol, cuda_backend, measured_read_floor
+    from moebench.timing.timers import CUDA_TIMERS
+    if timer == "none":
+        raise UserError("--op read needs a timer (cupti or events): the floor is a measured rate")
+    if not 2 <= samples <= MAX_SAMPLES:
+        raise UserError(f"--samples must be 2 to {MAX_SAMPLES:,} for --op read, got {samples}")
+    protocol = TimingProtocol(rounds=1, samples=samples, warmup=0, flush=flush, timer=timer)
+    check_protocol(protocol, timers=tuple(CUDA_TIMERS))
+    backend = backend if backend is not None else cuda_backend(protocol)
+    return measured_read_floor(backend, samples)
+
+
 @dataclass(frozen=True)
 class NcuComparison:
     kernels: int  # ncu's profiled kernels of the workload

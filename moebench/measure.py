@@ -7,7 +7,7 @@ builds (arms like any other) and `profile` (the untimed strategy, for ncu and ns
     TimingProtocol  rounds, samples and warm-ups per unit per round, flush mode, timer name,
                     and whether to measure the device's read bandwidth first
     TimingBackend   the device pieces: timer strategy (chosen once), flush, sync, clocks,
-                    markers, the bandwidth probe; `cuda_backend` makes the real one, tests a fake
+                    markers, the read-floor probe; `cuda_backend` makes the real one, tests a fake
     Measurement     samples, every kernel's audit, clocks, the declared kernels, bandwidth
 
 Under `protocol.sampler == "graph"` each unit's call is captured with the flush as a CUDA graph
@@ -22,13 +22,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Callable, Sequence
 
 import torch
 
 from moebench.errors import UserError
-from moebench.results.schema import Audit, ClockSample, DeclaredKernel, GpuInfo, Sample
+from moebench.read_floor import ReadProbe, best_read
+from moebench.results.schema import Audit, ClockSample, DeclaredKernel, GpuInfo, ReadFloor, Sample
 from moebench.timing.audit import audited, combined
 from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Unit, run_rounds
 from moebench.timing.flush import FLUSH_MODES, L2Flush
@@ -38,7 +38,9 @@ from moebench.timing.metrics import TimedMetric
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER, RUN_TIMERS, TimerStrategy
 
 PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run's
-PROBE_SAMPLES = 20
+PROBE_SAMPLES = 20  # per layout of the read kernel
+PROBE_WARMUP = 3  # per layout, after the probe's own warm-up burst
+MAX_PROBE_UNITS = 8  # layouts the recorder is sized for
 MAX_ROUNDS = 1_000
 MAX_PLACEMENTS = 16  # each placement holds its own copy of every arm's buffers
 MAX_SAMPLES = 100_000  # per unit per round: more is a typo, and the timer's buffers are sized by it
@@ -98,7 +100,7 @@ class TimingBackend:
     clocks: Callable[[int], ClockSample] | None = None
     gpu: GpuInfo | None = None
     markers: Markers = field(default_factory=NoMarkers)
-    probe: Callable[[], tuple[Unit, int]] | None = None  # a cold read: (unit, bytes read)
+    probe: Callable[[], ReadProbe] | None = None  # the read floor's layouts (moebench.read_floor)
     capture: Callable[[Callable[[], None]], Callable[[], None]] | None = None  # fn -> replay of its graph
 
 
@@ -106,6 +108,7 @@ def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
     """The real backend: the current CUDA device, the protocol's timer, NVML clocks, NVTX."""
     if not torch.cuda.is_available():
         raise UserError("no CUDA device visible: timing needs a GPU (see `moebench doctor`)")
+    from moebench.read_floor import read_probe
     from moebench.results.provenance import gpu_info
     from moebench.timing.clocks import ClockSampler
     from moebench.timing.engine import nvtx_markers_or_none
@@ -123,15 +126,6 @@ def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
                          capture=lambda fn: capture_cuda_graph(fn, device))
 
 
-def read_probe(device: torch.device, l2_bytes: int) -> tuple[Unit, int]:
-    """A cold read of a buffer far larger than L2 (1 GiB, or less if memory is short)."""
-    free, _ = torch.cuda.mem_get_info(device)
-    nbytes = min(2**30, max(16 * l2_bytes, 2**28), free // 4) // 4 * 4
-    buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-    out = torch.zeros((), dtype=torch.float32, device=device)
-    return Unit("_probe", "read", run=lambda: torch.sum(buf, dim=0, out=out)), nbytes
-
-
 @dataclass(frozen=True)
 class Measurement:
     """What one measurement produced: every sample as its timer made it, the audit of each,
@@ -147,6 +141,7 @@ class Measurement:
     declared: dict[Key, tuple[DeclaredKernel, ...]]
     inferred: frozenset[Key]  # units whose kernels were inferred from their samples
     read_bandwidth_bytes_per_s: float | None = None
+    read_floor: ReadFloor | None = None  # how the bandwidth was read (None when it was not, or a resumed run's file had none)
     timer_settings: dict = field(default_factory=dict)  # e.g. the CUPTI API filter, records seen
     rounds_done: int = 0  # the last round whose samples are in (protocol.rounds when finished)
     api_records: int = 0  # API records the timer saw in the timed rounds
@@ -169,20 +164,22 @@ def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBack
     rounds a resumed run already has: only the rounds after it are timed, its bandwidth is
     kept, and what comes back (to the hook too) is the whole run's."""
     timer = backend.timer
-    recorder = timer.open(max(len(units) * protocol.samples, PROBE_SAMPLES))
+    recorder = timer.open(max(len(units) * protocol.samples, PROBE_SAMPLES * MAX_PROBE_UNITS))
     first_round = 1 if before is None else before.rounds_done + 1
 
+    floor = None if before is None else before.read_floor
     bandwidth = None if before is None else before.read_bandwidth_bytes_per_s
 
     def so_far(out: EngineOutput) -> Measurement:
-        return _measurement(units, protocol, backend, timer, recorder, out, bandwidth, before)
+        return _measurement(units, protocol, backend, timer, recorder, out, bandwidth, floor, before)
 
     def saved(r: int, out: EngineOutput) -> None:
         on_round_done(so_far(out))
 
     try:
         if before is None and protocol.measure_bandwidth:
-            bandwidth = _read_bandwidth(backend, recorder)
+            floor = read_floor(backend, recorder)
+            bandwidth = floor.bytes_per_s if floor is not None else None
         timed, flush = units, backend.flush
         if protocol.sampler == "graph":  # the flush goes into each unit's graph, ahead of the call
             timer = graph_timer(timer, learn_flush_kernels(backend, recorder))
@@ -200,7 +197,8 @@ def measure(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBack
 
 
 def _measurement(units: Sequence[Unit], protocol: TimingProtocol, backend: TimingBackend, timer: TimerStrategy,
-                 recorder, out: EngineOutput, bandwidth: float | None, before: Measurement | None) -> Measurement:
+                 recorder, out: EngineOutput, bandwidth: float | None, floor: ReadFloor | None,
+                 before: Measurement | None) -> Measurement:
     """The Measurement of the rounds in `out`, after those of `before`, by `timer` (the graph
     sampler's when --graph)."""
     declared, inferred = _declared(units, out.samples)
@@ -212,7 +210,7 @@ def _measurement(units: Sequence[Unit], protocol: TimingProtocol, backend: Timin
     last = max(out.dropped_by_round, default=0 if before is None else before.rounds_done)
     return Measurement(protocol=protocol, timer=timer.name, metric=timer.metric, flush_bytes=backend.flush_bytes,
                        samples=samples, audit=audit, clocks=clocks, declared=declared, inferred=inferred,
-                       read_bandwidth_bytes_per_s=bandwidth, timer_settings=timer.settings(recorder, api_records),
+                       read_bandwidth_bytes_per_s=bandwidth, read_floor=floor, timer_settings=timer.settings(recorder, api_records),
                        rounds_done=last, api_records=api_records)
 
 
@@ -242,18 +240,34 @@ def inferred_kernels(samples: Sequence[Sample]) -> tuple[DeclaredKernel, ...]:
     return tuple(DeclaredKernel(name, f"^{re.escape(name)}$", n) for name, n in sorted(Counter(common).items()))
 
 
-def _read_bandwidth(backend: TimingBackend, recorder) -> float | None:
-    """Bytes/s of a cold read of a large buffer, timed by the run's own timer (median of the
-    samples the audit passed; None when fewer than half did)."""
+def measured_read_floor(backend: TimingBackend, samples: int = PROBE_SAMPLES) -> ReadFloor | None:
+    """The read floor alone, on a recorder of its own (`probe --op read`, `doctor --calibrate`)."""
+    recorder = backend.timer.open(samples * MAX_PROBE_UNITS)
+    try:
+        return read_floor(backend, recorder, samples)
+    finally:
+        recorder.close()
+
+
+def read_floor(backend: TimingBackend, recorder, samples: int = PROBE_SAMPLES) -> ReadFloor | None:
+    """The best cold read of the probe's layouts (moebench.read_floor), timed by the run's own
+    timer after the probe's warm-up burst: each layout `samples` audited samples; None when
+    the timer keeps no samples or no layout had half of its samples pass the audit."""
     if backend.probe is None or not backend.timer.keeps_samples:
         return None
-    unit, nbytes = backend.probe()
+    probe = backend.probe()
+    if len(probe.units) > MAX_PROBE_UNITS:
+        raise ValueError(f"a read probe of {len(probe.units)} layouts: the recorder holds {MAX_PROBE_UNITS}")
+    if probe.warm is not None:
+        probe.warm()
+        backend.sync()
+        recorder.collect()  # the burst's kernels are no sample's
     timer = backend.timer
-    out = run_rounds([unit], EngineConfig(rounds=1, samples=PROBE_SAMPLES, warmup=3), recorder, timer,
-                     flush=backend.flush, sync=backend.sync, first_external_id=PROBE_ID_BASE)
-    declared, _ = _declared([unit], out.samples)
+    out = run_rounds(list(probe.units), EngineConfig(rounds=1, samples=samples, warmup=PROBE_WARMUP), recorder,
+                     timer, flush=backend.flush, sync=backend.sync, first_external_id=PROBE_ID_BASE)
+    declared, _ = _declared(probe.units, out.samples)
     audit = timer.audit(out.samples, declared, out.kernels, out.dropped_by_round)
-    values = [s.value_ns for s in audited(out.samples, audit)]
-    if len(values) < PROBE_SAMPLES // 2 or not all(v > 0 for v in values):
-        return None
-    return nbytes / (median(values) * 1e-9)
+    values: dict[str, list[int]] = {u.arm: [] for u in probe.units}
+    for s in audited(out.samples, audit):
+        values[s.arm].append(s.value_ns)
+    return best_read(values, probe.nbytes, backend.gpu.name if backend.gpu else None, samples, probe.method)

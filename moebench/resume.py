@@ -112,6 +112,7 @@ def earlier_measurement(old: S.RunResult, protocol: TimingProtocol) -> Measureme
         samples=old.samples, audit=old.audit, clocks=old.clocks,
         declared={(a.shape, a.name): a.kernels for a in old.arms}, inferred=frozenset(),
         read_bandwidth_bytes_per_s=gpu.read_bandwidth_bytes_per_s if gpu else None,
+        read_floor=gpu.read_floor if gpu else None,
         timer_settings={k: v for k, v in s.options.items()}, rounds_done=old.rounds_done,
         api_records=int(s.options.get("api_records", 0) or 0))
 

@@ -101,7 +101,7 @@ def run_cell(req: RunRequest, plan: ArmPlan, cell: Cell, where: Placement, *,
                       options=run_options(req))
     info = S.CellInfo(cell.shape, where.rank, where.host, str(where.device), gpu.name if gpu else None,
                       gpu.uuid if gpu else None, m.read_bandwidth_bytes_per_s, cell.cost, started_at, utc_now(),
-                      clocks=m.clocks, options=dict(result.settings.options))
+                      clocks=m.clocks, options=dict(result.settings.options), read_floor=m.read_floor)
     return replace(result, sharding=S.Sharding(where.world_size, "none", where.backend is None, {}, cells=(info,)))
 
 
@@ -142,7 +142,7 @@ def merge(parts: Sequence[S.RunResult], *, planned: Sequence[str], missing: Sequ
     audits = [p.audit for p in parts]
     audit = S.Audit(sum(a.samples_total for a in audits), sum(a.samples_passed for a in audits),
                     sum(a.dropped_records for a in audits), tuple(f for a in audits for f in a.findings))
-    gpu = replace(gpu, read_bandwidth_bytes_per_s=None) if gpu is not None else None  # each cell has its own
+    gpu = replace(gpu, read_bandwidth_bytes_per_s=None, read_floor=None) if gpu is not None else None  # each cell has its own
     missing = tuple(sorted(missing, key=lambda c: order[c.shape]))
     return S.RunResult(
         schema_version=S.SCHEMA_VERSION, provenance=provenance(command, started_at, gpu), settings=settings,

@@ -85,6 +85,7 @@ def fused_table() -> str:
     """cuda-fused's bars, read off the all-arms run: time over the HBM floor (at the run's
     measured read bandwidth), speed-up over the engine-faithful triton, and the fastest other arm."""
     sys.path.insert(0, str(ROOT))
+    from moebench.results.roofline import UNDERSTATED, arm_floor
     from moebench.results.store import load
 
     r = load(RESULTS / "all-arms.json")
@@ -94,7 +95,9 @@ def fused_table() -> str:
              "|---|--:|--:|--:|---|---|"]
     for shape in r.settings.shapes:
         fused = by[(shape, "cuda-fused")]
-        over_floor = 1 / fused.fraction_of_read_bandwidth
+        standing = arm_floor(fused, None)
+        over_floor = 1 / standing.read_share
+        flag = f" ({UNDERSTATED})" if standing.share_understated else ""  # beat the floor: it was too low
         floor_bar, speed_bar = FUSED_TARGETS[shape]
         vs_triton = ratio[(shape, "cuda-fused")].median
         other = min((x for x in r.summaries if x.shape == shape and x.arm != "cuda-fused"),
@@ -102,7 +105,7 @@ def fused_table() -> str:
         met = [over_floor <= floor_bar, fused.median_ns < other.median_ns]
         if speed_bar:
             met.append(vs_triton >= speed_bar)
-        lines.append(f"| {shape} | {fused.median_ns / 1e3:.2f} | {over_floor:.2f}× (≤ {floor_bar}×) | "
+        lines.append(f"| {shape} | {fused.median_ns / 1e3:.2f} | {over_floor:.2f}×{flag} (≤ {floor_bar}×) | "
                      f"{vs_triton:.2f}×" + (f" (≥ {speed_bar}×)" if speed_bar else "") +
                      f" | `{other.arm}` {other.median_ns / 1e3:.2f} µs | {sum(met)} of {len(met)} |")
     return "\n".join(lines) + "\n"

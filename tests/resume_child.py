@@ -31,6 +31,7 @@ import moebench.runner as runner  # noqa: E402
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall  # noqa: E402
 from moebench.kernels.registry import ARMS, add_arm  # noqa: E402
 from moebench.measure import TimingBackend  # noqa: E402
+from moebench.read_floor import ReadProbe  # noqa: E402
 from moebench.results.schema import ClockSample, GpuInfo  # noqa: E402
 from moebench.timing.engine import Unit  # noqa: E402
 from moebench.timing.records import RecordBatch  # noqa: E402
@@ -94,7 +95,8 @@ def open_tracer(capacity: int) -> FakeTracer:
 
 def fake_backend(protocol) -> TimingBackend:
     def probe():
-        return Unit("_probe", "read", run=lambda: GPU.launch("reduce_kernel", 250_000)), 1_000_000_000
+        return ReadProbe((Unit("_read_floor", "1x1x1", run=lambda: GPU.launch("read_kernel", 250_000)),), 1_000_000_000,
+                         "fake read")
     return TimingBackend(device=torch.device("cpu"), timer=KernelRecordTimer(open_tracer),
                          flush=lambda: GPU.launch("flush_reduce", 50_000), flush_bytes=256 * 2**20,
                          sync=lambda: None, clocks=lambda r: ClockSample(r, 1980, 3201, 40 + r, 300.0),

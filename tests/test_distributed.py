@@ -19,6 +19,7 @@ import torch
 from moebench.cli import main
 from moebench.distributed import cells_folder, launch_command, sharded_sweep, without_option
 from moebench.measure import TimingBackend
+from moebench.read_floor import ReadProbe
 from moebench.plan import RunRequest, resolve_specs
 from moebench.results.schema import MissingCell
 from moebench.results.store import load
@@ -64,7 +65,8 @@ def _backend():
     gpu = example.GPU
 
     def probe():
-        return Unit("_probe", "read", run=lambda: gpu.launch("reduce_kernel", 250_000)), 500_000_000
+        return ReadProbe((Unit("_read_floor", "1x1x1", run=lambda: gpu.launch("read_kernel", 250_000)),), 500_000_000,
+                         "fake read")
     return TimingBackend(device=torch.device("cpu"), timer=KernelRecordTimer(lambda cap: FakeTracer(gpu)),
                          flush=lambda: gpu.launch("flush_reduce", 50_000), flush_bytes=256 * 2**20,
                          sync=lambda: None, probe=probe)

@@ -19,6 +19,7 @@ from timing_fakes import FakeTracer
 
 from moebench.errors import UserError
 from moebench.measure import TimingBackend
+from moebench.read_floor import ReadProbe
 from moebench.partial import IN_PROGRESS
 from moebench.results import schema as S
 from moebench.results.store import load, save
@@ -192,7 +193,8 @@ def backend(markers=None) -> TimingBackend:
                          flush=lambda: resume_child.GPU.launch("flush_reduce", 50_000), flush_bytes=256 * 2**20,
                          sync=lambda: None, clocks=lambda r: S.ClockSample(r, 1980, 3201, 40 + r, 300.0),
                          gpu=resume_child.FAKE_GPU, markers=markers or NoMarkers(),
-                         probe=lambda: (Unit("_probe", "read", run=lambda: resume_child.GPU.launch("r", 250_000)), 10**9))
+                         probe=lambda: ReadProbe((Unit("_read_floor", "1x1x1", run=lambda: resume_child.GPU.launch("r", 250_000)),),
+                                                         10**9, "fake read"))
 
 
 def request(tmp_path, rounds=4) -> RunRequest:

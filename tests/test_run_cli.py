@@ -9,6 +9,7 @@ from timing_fakes import FakeGpu, FakeTracer
 from moebench.cli import main
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.registry import ARMS, add_arm
+from moebench.read_floor import ReadProbe
 from moebench.results.store import load
 from moebench.runner import RunFailed, RunRequest, TimingBackend, result_filename, run
 from moebench.timing.engine import Unit
@@ -49,7 +50,8 @@ _register()
 
 def backend(flush="read", drop_in_round=None):
     def probe():
-        return Unit("_probe", "read", run=lambda: GPU.launch("reduce_kernel", 250_000)), 1_000_000_000
+        return ReadProbe((Unit("_read_floor", "1x1x1", run=lambda: GPU.launch("read_kernel", 250_000)),), 1_000_000_000,
+                         "fake read")
     return TimingBackend(device=torch.device("cpu"), timer=KernelRecordTimer(lambda cap: FakeTracer(GPU, drop_in_round)),
                          flush=(lambda: GPU.launch("flush_reduce", 50_000)) if flush != "none" else (lambda: None),
                          flush_bytes=256 * 2**20 if flush != "none" else 0, sync=lambda: None,

@@ -98,8 +98,34 @@ def test_tracer_restarts_in_one_process():
 def test_read_bandwidth_probe_is_plausible():
     protocol = TimingProtocol(rounds=1, samples=1, warmup=0)
     backend = cuda_backend(protocol)
-    bw = measure([tiny_unit()], protocol, backend).read_bandwidth_bytes_per_s
-    assert bw is not None and 1e11 < bw < 2e13
+    m = measure([tiny_unit()], protocol, backend)
+    bw = m.read_bandwidth_bytes_per_s
+    assert bw is not None and 1e11 < bw < 2e13 and m.read_floor.bytes_per_s == bw
+
+
+def test_the_read_floor_is_its_best_layout_beats_torch_sum_and_stays_under_the_datasheet():
+    from moebench.fidelity import run_read_floor
+    from moebench.read_floor import READ_CONFIGS
+    floor = run_read_floor(samples=20)
+    assert floor is not None and set(floor.configs) == {c.name for c in READ_CONFIGS}
+    assert floor.bytes_per_s == max(floor.configs.values()) == floor.configs[floor.config]
+    # the read it replaces: torch.sum over the same GiB, timed by events, warm clocks
+    buf = torch.zeros(floor.nbytes // 4, dtype=torch.float32, device="cuda")
+    out = torch.zeros((), device="cuda")
+    for _ in range(20):
+        torch.sum(buf, dim=0, out=out)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        torch.sum(buf, dim=0, out=out)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    torch_sum = floor.nbytes / sorted(times)[len(times) // 2]
+    assert floor.bytes_per_s > torch_sum
+    if floor.datasheet_bytes_per_s:  # a read faster than the datasheet would be a timing error
+        assert 0.8 * floor.datasheet_bytes_per_s < floor.bytes_per_s < floor.datasheet_bytes_per_s
 
 
 @pytest.mark.parametrize("timer", ["cupti", "events", "none"])

@@ -247,12 +247,12 @@ def test_compare_leaves_throttled_rounds_out_unless_kept():
     kept = compare_results(base, capped, parse_rules(["throttled:keep"]))
     arm = lambda c: next(x for x in c.arms if x.arm == "cuda-fused")  # noqa: E731
     assert arm(dropped).b_samples == 4 * arm(kept).b_samples // 5
-    assert any("round 3 throttled (clock events sw_power_cap): left out" in n for n in dropped.notes)
-    assert any("kept (throttled:keep)" in n for n in kept.notes)
-    assert arm(dropped).verdict is Verdict.SAME
+    assert any("B: round 3 of 5 throttled: clock events sw_power_cap: left out" in n for n in dropped.notes)
+    assert any("kept and judged (throttled:keep)" in n for n in kept.notes)
+    assert arm(dropped).verdict is Verdict.SAME and not arm(dropped).mark
     every = replace(capped, clocks=tuple(replace(c, events=("hw_slowdown",)) for c in clocks))
-    with pytest.raises(UserError, match="every round of B was throttled .*--rule throttled:keep"):
-        compare_results(base, every)
+    with pytest.raises(UserError, match="every round of B was throttled .*--rule throttled:auto"):
+        compare_results(base, every, parse_rules(["throttled:drop"]))
 
 
 # --- the ncu offset probes -------------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_parse_rules():
     assert (r.change, r.confidence, r.alpha, r.floor, r.test) == (0.015, 0.99, 0.01, "ignore", "samples")
     assert parse_rules(["median:0.03"]).change == 0.03
     assert parse_rules(["ci:99.9%"]).confidence == pytest.approx(0.999)
-    assert r.describe() == "median:1.5% ci:99 p:0.01 floor:ignore test:samples throttled:drop"
+    assert r.describe() == "median:1.5% ci:99 p:0.01 floor:ignore test:samples throttled:auto"
     assert parse_rules([r.describe().replace(" ", ",")]) == r
 
 

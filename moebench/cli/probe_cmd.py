@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from moebench.cli import cli
-from moebench.fidelity import OPS, compare_with_ncu, run_probe
+from moebench.fidelity import OPS, compare_with_ncu, run_probe, run_read_floor
 from moebench.timing.flush import FLUSH_MODES
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
@@ -23,9 +23,32 @@ def flops_rate(flops: int, median_ns: float) -> str:
     return f"{rate / 1e12:,.1f} TFLOP/s{share}"
 
 
+def read_floor_lines(floor) -> list[str]:
+    """The read floor's layouts, best first, then the floor and the datasheet beside it."""
+    lines = [f"  {name:>9}: {rate / 1e12:.3f} TB/s" + ("  <- the floor" if name == floor.config else "")
+             for name, rate in sorted(floor.configs.items(), key=lambda kv: -kv[1])]
+    sheet = "no datasheet figure for this GPU" if floor.datasheet_bytes_per_s is None else \
+        f"datasheet {floor.datasheet_bytes_per_s / 1e12:.2f} TB/s ({floor.datasheet_source}); " \
+        f"measured {floor.of_datasheet:.1%} of it"
+    return [f"read floor: {floor.bytes_per_s / 1e12:.3f} TB/s, layout {floor.config} (CTAs an SM x threads x "
+            f"16-byte loads in flight a thread), {floor.samples} samples of {floor.nbytes / 2**30:.2f} GiB", *lines,
+            sheet]
+
+
+def _print_read_floor(floor, timer: str, flush: str) -> None:
+    if floor is None:
+        click.echo("moebench: error: no layout of the read kernel had half its samples pass the audit", err=True)
+        raise click.exceptions.Exit(1)
+    click.echo(f"timer {timer}, flush {flush}, after a warm-up burst:")
+    for line in read_floor_lines(floor):
+        click.echo(line)
+
+
 @cli.command("probe")
-@click.option("--op", type=click.Choice(sorted(OPS)), default="add", show_default=True,
-              help="add: c = a + b; mul: c = 2a (fp32, one torch elementwise kernel); spin: a kernel that waits "
+@click.option("--op", type=click.Choice(sorted([*OPS, "read"])), default="add", show_default=True,
+              help="read: the run's HBM read floor alone (every layout of the read kernel, 1 GiB, cold; the "
+                   "best is the floor, the datasheet beside it); "
+                   "add: c = a + b; mul: c = 2a (fp32, one torch elementwise kernel); spin: a kernel that waits "
                    "--us microseconds of SM cycles; empty: the same kernel waiting 0 cycles; reduce: "
                    "8 sweeps of 16-byte BF16x2 reductions (red.global.add) over a --mib buffer, the fused "
                    "arms' combine instruction alone (its rate is the reductions' bytes); wgmma: the prefill "
@@ -52,6 +75,11 @@ def probe(op, mib, us, sms, samples, warmup, flush, timer, ncu_csv, table_row):
     """Time one kernel exactly as `moebench run` times an arm (cold L2, audited)."""
     if table_row and not ncu_csv:
         raise click.UsageError("--table-row needs --ncu-csv")
+    if op == "read":
+        if ncu_csv:
+            raise click.UsageError("--ncu-csv applies to single-kernel ops, not --op read")
+        _print_read_floor(run_read_floor(samples, flush, timer), timer, flush)
+        return
     res = run_probe(op, mib, samples, warmup, flush, timer, us=us, sms=sms)
     what = {"spin": f"spin {us:g} µs", "empty": "empty kernel", "wgmma": "wgmma m64n128k32 e4m3",
             "wgmma-step": "wgmma m64n128k32 e4m3, waited and promoted a K step",

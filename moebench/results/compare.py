@@ -28,8 +28,10 @@ import numpy as np
 from moebench import significance as sig
 from moebench.errors import UserError
 from moebench.results.index import ResultIndex
-from moebench.results.schema import RunResult
 from moebench.results.ratio_verdicts import run_floor
+from moebench.results.roofline import understated_arms
+from moebench.results.schema import READABLE_VERSIONS, RunResult
+from moebench.results.throttle import ThrottlePlan, plan, run_throttle
 from moebench.results.verdicts import DEFAULT_CHANGE, Rules, Threshold, Verdict, judge, threshold_for
 
 __all__ = ["ArmComparison", "Comparison", "RatioComparison", "Rules", "Verdict", "compare_results", "gate"]
@@ -57,6 +59,7 @@ class ArmComparison:
     verdict: Verdict
     reason: str
     identity_changed: tuple[str, ...] = ()  # build-identity keys that differ between A and B
+    mark: str = ""  # e.g. "judged on throttled rounds of B" (moebench.results.throttle)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class RatioComparison:
     threshold_source: str
     verdict: Verdict  # for the arm, relative to the reference
     reason: str
+    mark: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,9 +127,10 @@ def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
                     a_label: str = "A", b_label: str = "B") -> Comparison:
     """Compare B against A. Refuses (UserError) runs of different schema versions, runs
     that timed different fixtures under one shape name, and runs with nothing in common."""
-    if a.schema_version != b.schema_version:
-        raise UserError(f"{a_label} has schema_version {a.schema_version} and {b_label} "
-                        f"{b.schema_version}: cannot compare across result formats")
+    for label, r in ((a_label, a), (b_label, b)):
+        if r.schema_version not in READABLE_VERSIONS:
+            raise UserError(f"{label} has schema_version {r.schema_version}, this moebench reads "
+                            f"{', '.join(map(str, READABLE_VERSIONS))}: cannot compare across result formats")
     for label, r in ((a_label, a), (b_label, b)):
         if not r.status.complete:
             raise UserError(f"{label} is incomplete ({r.rounds_done} of {r.settings.rounds} rounds, "
@@ -137,18 +142,19 @@ def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
         if fa is not None and fb is not None and fa.fingerprint != fb.fingerprint:
             raise UserError(f"{a_label} and {b_label} timed different inputs at {shape}: fixture "
                             f"fingerprints {fa.fingerprint[:12]}… and {fb.fingerprint[:12]}… differ")
-    ua, ub = _units(a, a_label, rules), _units(b, b_label, rules)
+    throttle = plan(rules.throttled, run_throttle(a, a_label), run_throttle(b, b_label))
+    ua, ub = _units(a, a_label, throttle), _units(b, b_label, throttle)
     arms, ratios = [], []
     for shape in shapes:
         for arm in a.settings.arms:
             if (shape, arm) in ua and (shape, arm) in ub:
-                arms.append(_compare_arm(ia, ib, ua, ub, shape, arm, rules, a_label, b_label))
+                arms.append(_compare_arm(ia, ib, ua, ub, shape, arm, rules, a_label, b_label, throttle.mark))
         ref = a.settings.ref
         if ref != b.settings.ref:
             continue
         for arm in a.settings.arms:
             if arm != ref:
-                r = _compare_ratio(a, b, ua, ub, shape, ref, arm, rules, a_label, b_label)
+                r = _compare_ratio(a, b, ua, ub, shape, ref, arm, rules, a_label, b_label, throttle.mark)
                 if r is not None:
                     ratios.append(r)
     if not arms:
@@ -158,25 +164,15 @@ def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
                      f"passed, {r.audit.dropped_records} records dropped)"
                      for name, r in ((a_label, a), (b_label, b)) if not r.audit.passed)
     return Comparison(a_label, b_label, rules, tuple(arms), tuple(ratios),
-                      _notes(ia, ib, ua, ub, rules, a_label, b_label), failures)
+                      _notes(ia, ib, ua, ub, rules, a_label, b_label, throttle), failures)
 
 
 Units = dict[tuple[str, str], dict[int, np.ndarray]]
 
 
-def throttled_rounds(result: RunResult) -> dict[int, str]:
-    """Round -> why its clocks did not hold, for the rounds the run flagged."""
-    return {c.round: c.throttled for c in result.clocks if c.throttled}
-
-
-def _units(result: RunResult, label: str, rules: Rules) -> Units:
-    samples = sig.audited_samples(result)
-    if rules.throttled == "drop":
-        flagged = throttled_rounds(result)
-        samples = [s for s in samples if s.round not in flagged]
-        if flagged and not samples:
-            raise UserError(f"every round of {label} was throttled ({next(iter(flagged.values()))}); "
-                            "judge it anyway with --rule throttled:keep")
+def _units(result: RunResult, label: str, throttle: ThrottlePlan) -> Units:
+    dropped = throttle.dropped[label]
+    samples = [s for s in sig.audited_samples(result) if s.round not in dropped]
     units = sig.rounds_of(samples)
     for (shape, arm), by_round in units.items():
         if any((v <= 0).any() for v in by_round.values()):
@@ -185,8 +181,12 @@ def _units(result: RunResult, label: str, rules: Rules) -> Units:
     return units
 
 
+def _marked(why: str, mark: str) -> str:
+    return f"{why}; {mark}" if mark else why
+
+
 def _compare_arm(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, shape: str, arm: str,
-                 rules: Rules, a_label: str, b_label: str) -> ArmComparison:
+                 rules: Rules, a_label: str, b_label: str, mark: str = "") -> ArmComparison:
     ra, rb = list(ua[(shape, arm)].values()), list(ub[(shape, arm)].values())
     ma, mb = sig.rows_median(ra), sig.rows_median(rb)
     boot_a = sig.bootstrap_median(ra, sig.generator(shape, arm, "A"))
@@ -200,11 +200,11 @@ def _compare_arm(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, shape: 
                               f"{arm} at {shape}")
     verdict, why = judge(change_ci, p, threshold, rules, max(spread_a, spread_b))
     reason = (f"{ma / 1e3:,.2f} → {mb / 1e3:,.2f} µs ({change:+.1%}, {rules.ci_name} "
-              f"{_range(*change_ci, '+.1%')}, p={p:.2g}): {why}")
+              f"{_range(*change_ci, '+.1%')}, p={p:.2g}): {_marked(why, mark)}")
     return ArmComparison(shape, arm, ma, mb, sig.interval(boot_a, rules.confidence),
                          sig.interval(boot_b, rules.confidence), change, change_ci, p, spread_a, spread_b,
                          sum(len(v) for v in ra), sum(len(v) for v in rb), threshold.value, threshold.source,
-                         verdict, reason, _identity_changes(ia, ib, shape, arm))
+                         verdict, reason, _identity_changes(ia, ib, shape, arm), mark)
 
 
 def _paired(units: Units, shape: str, ref: str, arm: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
@@ -218,7 +218,7 @@ def _paired(units: Units, shape: str, ref: str, arm: str) -> tuple[list[np.ndarr
 
 
 def _compare_ratio(a: RunResult, b: RunResult, ua: Units, ub: Units, shape: str, ref: str, arm: str,
-                   rules: Rules, a_label: str, b_label: str) -> RatioComparison | None:
+                   rules: Rules, a_label: str, b_label: str, mark: str = "") -> RatioComparison | None:
     pa, pb = _paired(ua, shape, ref, arm), _paired(ub, shape, ref, arm)
     if pa is None or pb is None:
         return None
@@ -235,10 +235,10 @@ def _compare_ratio(a: RunResult, b: RunResult, ua: Units, ub: Units, shape: str,
     # A falling ratio is the arm slowing against the reference.
     verdict, why = judge(gain_ci, p, threshold, rules, spread, rising_is_slower=False)
     reason = (f"{ma:.3f}× → {mb:.3f}× ({gain:+.1%}, {rules.ci_name} {_range(*gain_ci, '+.1%')}, "
-              f"p={p:.2g}): {why}")
+              f"p={p:.2g}): {_marked(why, mark)}")
     return RatioComparison(shape, ref, arm, ma, mb, sig.interval(boot_a, rules.confidence),
                            sig.interval(boot_b, rules.confidence), gain, gain_ci, p, threshold.value,
-                           threshold.source, verdict, reason)
+                           threshold.source, verdict, reason, mark)
 
 
 def _identity_changes(ia: ResultIndex, ib: ResultIndex, shape: str, arm: str) -> tuple[str, ...]:
@@ -254,7 +254,7 @@ SETTINGS_TO_MATCH = ("timer", "sampler", "placements", "flush", "flush_bytes", "
 
 
 def _notes(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, rules: Rules,
-           a_label: str, b_label: str) -> tuple[str, ...]:
+           a_label: str, b_label: str, throttle: ThrottlePlan) -> tuple[str, ...]:
     notes = [f"{a_label} and {b_label} are separate runs: their rounds are not paired, so drift "
              "between the runs is not cancelled in the times; the ratios are paired within each run."]
     for name in SETTINGS_TO_MATCH:
@@ -278,12 +278,16 @@ def _notes(ia: ResultIndex, ib: ResultIndex, ua: Units, ub: Units, rules: Rules,
     if rules.floor == "measured" and not ia.result.noise and not ib.result.noise:
         change = DEFAULT_CHANGE if rules.change is None else rules.change
         notes.append(f"neither run carries a measured noise floor: the SAME band is the rule's ±{change:.1%}")
+    notes += throttle.notes
     for name, result in ((a_label, ia.result), (b_label, ib.result)):
-        flagged = throttled_rounds(result)
-        if flagged:
-            what = "left out of every statistic here" if rules.throttled == "drop" else "kept (throttled:keep)"
-            notes.append(f"{name}: round{'s' if len(flagged) > 1 else ''} {', '.join(map(str, flagged))} "
-                         f"throttled ({'; '.join(sorted(set(flagged.values())))}): {what}")
+        if result.schema_version < 2:
+            notes.append(f"{name} is a schema {result.schema_version} file: its read bandwidth is a torch.sum read, "
+                         "which kernels can beat, not the read floor of later files")
+        beaten = understated_arms(result)
+        if beaten:
+            named = ", ".join(f"{arm} at {shape} ({100 * f.read_share:.0f}% of its read bandwidth)"
+                              if f.read_share is not None else f"{arm} at {shape}" for shape, arm, f in beaten)
+            notes.append(f"{name}: floor understated: {named} beat the floor no kernel can beat")
         if not result.audit.passed:
             rejected = result.audit.samples_total - result.audit.samples_passed
             notes.append(f"{name}: audit failed ({result.audit.samples_passed}/{result.audit.samples_total} "

@@ -54,15 +54,21 @@ ARM_COLUMNS = ("shape", "arm", "A µs", "B µs", "change", "p", "verdict", "why"
 RATIO_COLUMNS = ("shape", "arm / ref", "A", "B", "change", "p", "verdict", "why")
 
 
+def _verdict(verdict: Verdict, mark: str) -> str:
+    """The verdict's word, marked when it was judged on throttled rounds."""
+    return f"{verdict.value} (throttled)" if mark else verdict.value
+
+
 def _arm_cells(c: Comparison) -> list[tuple[Verdict, list[str]]]:
     return [(a.verdict, [a.shape, a.arm, _time(a.a_median_ns, a.a_ci_ns), _time(a.b_median_ns, a.b_ci_ns),
-                         _change(a.change, a.change_ci), f"{a.p_value:.2g}", a.verdict.value, _why(a.reason),
+                         _change(a.change, a.change_ci), f"{a.p_value:.2g}", _verdict(a.verdict, a.mark), _why(a.reason),
                          _built(a.identity_changed)]) for a in c.arms]
 
 
 def _ratio_cells(c: Comparison) -> list[tuple[Verdict, list[str]]]:
     return [(r.verdict, [r.shape, f"{r.arm} / {r.ref}", _ratio(r.a_median, r.a_ci), _ratio(r.b_median, r.b_ci),
-                         _change(r.change, r.change_ci), f"{r.p_value:.2g}", r.verdict.value, _why(r.reason)])
+                         _change(r.change, r.change_ci), f"{r.p_value:.2g}", _verdict(r.verdict, r.mark),
+                         _why(r.reason)])
             for r in c.ratios]
 
 

@@ -2,7 +2,9 @@
 
 Columns: kind (sample | summary | ratio), shape, arm, ref, round, index, metric, unit,
 value, and for samples gpu_span_ns, kernels and external_id. A summary cell that holds
-one value per round (row medians, per-round ratios) becomes one row per round.
+one value per round (row medians, per-round ratios) becomes one row per round. Each arm's
+`floor_understated` row is 1 where it beat its floor (moebench.results.roofline.arm_floor: its
+fraction_of_read_bandwidth and times_floor rows are then bounds that did not hold), else 0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pandas as pd
 
 from moebench.results.index import ResultIndex
+from moebench.results.roofline import arm_floor, shape_floors
 from moebench.results.schema import ArmSummary, RatioSummary, RunResult
 from moebench.timing.metrics import timed_metric
 
@@ -65,12 +68,18 @@ def _sample_rows(result: RunResult) -> Iterator[dict]:
 
 
 def _summary_rows(ix: ResultIndex) -> Iterator[dict]:
+    floors = shape_floors(ix.result)
     for shape in ix.shapes:
         for arm in ix.arms_at(shape):
             s = ix.summary(shape, arm)
             for metric, (unit, get) in ARM_METRICS.items():
                 if get(s) is not None:
                     yield _row(kind="summary", shape=shape, arm=arm, metric=metric, unit=unit, value=get(s))
+            standing = arm_floor(s, floors.get(shape))
+            if standing.multiple is not None:
+                yield _row(kind="summary", shape=shape, arm=arm, metric="times_floor", unit="x", value=standing.multiple)
+            yield _row(kind="summary", shape=shape, arm=arm, metric="floor_understated", unit="flag",
+                       value=float(standing.understated))
             for rnd, v in enumerate(s.row_medians_ns, start=1):
                 yield _row(kind="summary", shape=shape, arm=arm, round=rnd, metric="row_median",
                            unit="ns", value=v)

@@ -1,5 +1,6 @@
-"""Dense FP8 tensor-core peaks by GPU name, from the vendor's datasheets: the compute floor
-of a shape is its FLOPs over this peak.
+"""Dense FP8 tensor-core peaks and HBM bandwidths by GPU name, from the vendor's datasheets: the
+compute floor of a shape is its FLOPs over this peak; the HBM bandwidth stands beside the read
+floor a run measures (the floor itself is measured, never the datasheet's).
 
 Keys are the names CUDA reports (`torch.cuda.get_device_name`, provenance.gpu.name), matched
 exactly: an H200 NVL or an H100 NVL is another board with other clocks and another peak, so
@@ -47,3 +48,37 @@ FP8_DENSE_PEAKS: dict[str, DevicePeak] = {p.gpu_name: p for p in (
 def fp8_dense_peak(gpu_name: str | None) -> DevicePeak | None:
     """The datasheet peak of the board named `gpu_name`, or None for a board not listed."""
     return FP8_DENSE_PEAKS.get(gpu_name.strip()) if gpu_name else None
+
+
+# ---------------------------------------------------------------------------- HBM bandwidth
+#
+# The boards' memory bandwidth as their datasheets give it, shown beside the measured read floor
+# (moebench.read_floor): the measured rate is what this card reads, the datasheet's what it is
+# sold at; a floor far below the datasheet says the card or its clocks are not what they seem.
+# Sources:
+# - NVIDIA H100 Tensor Core GPU datasheet: GPU memory bandwidth, H100 SXM 3.35TB/s, H100 PCIe 2TB/s.
+# - NVIDIA H200 Tensor Core GPU datasheet: GPU memory bandwidth, H200 SXM 4.8TB/s.
+# - NVIDIA H800 Tensor Core GPU datasheet: GPU memory bandwidth, H800 SXM 3.35TB/s.
+H800_DATASHEET = "NVIDIA H800 Tensor Core GPU datasheet"
+
+
+@dataclass(frozen=True)
+class HbmBandwidth:
+    """One board's datasheet memory bandwidth and where the number comes from."""
+
+    gpu_name: str
+    bytes_per_s: float
+    source: str
+
+
+HBM_DATASHEET: dict[str, HbmBandwidth] = {b.gpu_name: b for b in (
+    HbmBandwidth("NVIDIA H100 80GB HBM3", 3.35e12, f"{H100_DATASHEET}, H100 SXM: 3.35TB/s"),
+    HbmBandwidth("NVIDIA H100 PCIe", 2.0e12, f"{H100_DATASHEET}, H100 PCIe: 2TB/s"),
+    HbmBandwidth("NVIDIA H200", 4.8e12, f"{H200_DATASHEET}, H200 SXM: 4.8TB/s"),
+    HbmBandwidth("NVIDIA H800", 3.35e12, f"{H800_DATASHEET}, H800 SXM: 3.35TB/s"),
+)}
+
+
+def hbm_datasheet(gpu_name: str | None) -> HbmBandwidth | None:
+    """The datasheet bandwidth of the board named `gpu_name` (exactly, as CUDA names it), or None."""
+    return HBM_DATASHEET.get(gpu_name.strip()) if gpu_name else None

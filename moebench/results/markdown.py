@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from moebench.results.determinism_view import det_text, determinism_markdown, verdicts_by_unit
-from moebench.results.index import ResultIndex, mbytes, mib, percent, placement_cells, ratio, tb_per_s, us
-from moebench.results.roofline import shape_floors
-from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_rows
+from moebench.results.index import ResultIndex, mbytes, mib, placement_cells, ratio, tb_per_s, us
+from moebench.results.roofline import arm_floor, shape_floors
+from moebench.results.roofline_view import (FLOOR_HEADER, floor_cells, floor_note, read_floor_text, share_text,
+                                           sweep_floor_rows, understated_note)
 from moebench.results.schema import RunResult, Settings
 from moebench.results.tables import build_parity_by_arm, build_parity_text, incomplete_text
+from moebench.results.throttle import run_line
 from moebench.timing.metrics import timed_metric
 
 
@@ -86,6 +88,12 @@ def _warnings(ix: ResultIndex) -> str:
                          f"(threshold {p.threshold:g}), {p.nonfinite} non-finite.")
     if not ix.metric.reference:
         lines.append(f"> Timer: **{ix.settings.timer}**, not CUPTI kernel records.")
+    flagged = understated_note(ix)
+    if flagged:
+        lines.append(f"> **{flagged[0].upper()}{flagged[1:]}.**")
+    throttled = run_line(ix.result)
+    if throttled:
+        lines.append(f"> **Throttled:** {throttled}.")
     return "\n".join(lines)
 
 
@@ -125,7 +133,7 @@ def _summary_table(ix: ResultIndex) -> str:
                           f"{r.rounds_won}/{r.rounds}"]
             if builds:
                 cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))
-            cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), percent(s.fraction_of_read_bandwidth)]
+            cells += [tb_per_s(s.hbm_bandwidth_bytes_per_s), share_text(arm_floor(s, floors.get(shape)), digits=1)]
             cells += floor_cells(floors, shape, s.median_ns)
             if det:
                 cells.append(det_text(det.get((shape, arm))))
@@ -198,7 +206,7 @@ def _provenance(ix: ResultIndex) -> str:
                              f"L2 {mib(gpu.l2_bytes)}, {gpu.memory_bytes / 2**30:,.0f} GiB), "
                              f"driver {gpu.driver}, CUDA {gpu.cuda_runtime}"))
         facts.append(("max clocks", f"SM {_mhz(gpu.max_sm_clock_mhz)}, memory {_mhz(gpu.max_mem_clock_mhz)}"))
-        facts.append(("measured read bandwidth", tb_per_s(gpu.read_bandwidth_bytes_per_s)))
+        facts.append(("measured read bandwidth", read_floor_text(gpu)))
     commit = prov.git_commit or "unknown"
     if prov.git_dirty:
         commit += " (uncommitted changes)"

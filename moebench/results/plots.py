@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from moebench.results.index import ResultIndex
-from moebench.results.roofline import FP8, floor_series
+from moebench.results.roofline import FP8, UNDERSTATED, arm_floor, floor_series, shape_floors
 
 FORMATS = ("png", "svg")
 STYLE = {
@@ -104,16 +104,20 @@ def bandwidth_plot(ix: ResultIndex) -> Plot:
     fig = Figure(figsize=(max(4.0, 1.1 * len(ix.shapes) + 2.5) + 1.3, 3.6), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(ix.arms))
+    floors = shape_floors(ix.result)
     for j, arm in enumerate(ix.arms):
-        xs, ys = [], []
+        xs, ys, labels = [], [], []
         for i, shape in enumerate(ix.shapes):
             s = ix.summary(shape, arm)
             if s is None:
                 continue
             xs.append(i - 0.4 + (j + 0.5) * width)
             ys.append(100 * s.fraction_of_read_bandwidth if as_fraction else s.hbm_bandwidth_bytes_per_s / 1e12)
+            # above 100% the bar beat a floor no kernel can beat: it says so, never a plain 107
+            flag = f" {UNDERSTATED}" if arm_floor(s, floors.get(shape)).share_understated else ""
+            labels.append((f"{ys[-1]:.0f}" if as_fraction else f"{ys[-1]:.2f}") + flag)
         bars = ax.bar(xs, ys, width=width * 0.9, color=colors[arm], label=arm)
-        ax.bar_label(bars, fmt="%.0f" if as_fraction else "%.2f", fontsize=7, padding=1)
+        ax.bar_label(bars, labels=labels, fontsize=7, padding=1)
     if as_fraction:
         ax.axhline(100, color="0.4", linewidth=1)
         ax.set_ylabel("% of measured read bandwidth")
@@ -132,15 +136,21 @@ def bandwidth_plot(ix: ResultIndex) -> Plot:
 
 def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
     colors = arm_colors(ix.arms)
+    floors = shape_floors(ix.result)
     for family, fixtures in ix.sweeps().items():
         ms = [f.M for f in fixtures]
         fig = Figure(figsize=(7.6, 3.6), layout="constrained")
         ax = fig.add_subplot()
         for arm in ix.arms:
-            pts = [(f.M, ix.summary(f.name, arm)) for f in fixtures]
-            pts = [(m, s.median_ns / 1e3) for m, s in pts if s is not None]
+            pts = [(f.M, ix.summary(f.name, arm), f.name) for f in fixtures]
+            beaten = [(m, s.median_ns / 1e3) for m, s, name in pts
+                      if s is not None and arm_floor(s, floors.get(name)).understated]
+            pts = [(m, s.median_ns / 1e3) for m, s, _ in pts if s is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=colors[arm], label=arm)
+            if beaten:  # points under a floor: the floor there was understated
+                ax.plot(*zip(*beaten), linestyle="none", marker="x", markersize=9, color="red",
+                        label=f"{arm}: {UNDERSTATED}")
         for floor in floor_series(ix.result, fixtures):  # the crossover shows which limit binds at each M
             ax.plot(floor.ms, floor.us, color="0.35", linewidth=1.2, label=floor.label,
                     linestyle=":" if floor.kind == FP8 else "--")

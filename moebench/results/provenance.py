@@ -1,7 +1,8 @@
 """Where a run came from: git state, library versions, the GPU. Read-only queries.
 
 The device's read bandwidth is not looked up but measured by the runner with the run's
-own timer (a cold read of a large buffer) and stored in GpuInfo.read_bandwidth_bytes_per_s.
+own timer (the best layout of a purpose-built read kernel, moebench.read_floor) and stored in
+GpuInfo.read_bandwidth_bytes_per_s, with how it was read in GpuInfo.read_floor.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ tensor-core peak from its datasheet (moebench.results.device_peaks). The larger 
 no kernel can beat it, and an arm's time as a multiple of it says how far off the limit
 the arm is. A floor whose input is missing (no bandwidth measured, a board not in the
 peak table) is None, and then nothing is said about which one binds.
+
+An arm above its floor (more than 100% of the measured read bandwidth, or under 1x the binding
+floor) has beaten what no kernel can beat: the floor was understated (a read probe slower than
+the card, a routed-bytes count too small). Every view takes an arm's floor numbers through one
+function, `arm_floor`, whose `understated` flag it shows beside them, never a plain 107%.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from moebench.results.device_peaks import DevicePeak, fp8_dense_peak
-from moebench.results.schema import FixtureInfo, RunResult
+from moebench.results.schema import ArmSummary, FixtureInfo, RunResult
 
 HBM, FP8 = "HBM", "FP8"
 
@@ -72,6 +77,48 @@ def times_floor(median_ns: float | None, floors: ShapeFloors | None) -> float | 
     if median_ns is None or floors is None or floors.floor_ns is None:
         return None
     return median_ns / floors.floor_ns
+
+
+UNDERSTATED = "floor understated"
+
+
+@dataclass(frozen=True)
+class ArmFloor:
+    """An arm's standing against its floors at one shape, and whether it beat them."""
+
+    read_share: float | None  # HBM floor bytes / median time, over the measured read bandwidth
+    multiple: float | None  # median time over the binding floor (times_floor)
+
+    @property
+    def share_understated(self) -> bool:
+        """Above 100% of the measured read bandwidth: the HBM floor was understated."""
+        return self.read_share is not None and self.read_share > 1
+
+    @property
+    def multiple_understated(self) -> bool:
+        """Under 1x the binding floor: that floor was understated."""
+        return self.multiple is not None and self.multiple < 1
+
+    @property
+    def understated(self) -> bool:
+        return self.share_understated or self.multiple_understated
+
+
+def arm_floor(summary: ArmSummary | None, floors: ShapeFloors | None, median_ns: float | None = None) -> ArmFloor:
+    """The one way a view gets an arm's floor numbers: its share of the read bandwidth (from the
+    summary) and its multiple of the binding floor (of `median_ns`, the summary's median unless
+    given), with the flag that says the floor was understated."""
+    if median_ns is None and summary is not None:
+        median_ns = summary.median_ns
+    return ArmFloor(summary.fraction_of_read_bandwidth if summary is not None else None,
+                    times_floor(median_ns, floors))
+
+
+def understated_arms(result: RunResult) -> list[tuple[str, str, ArmFloor]]:
+    """(shape, arm, its floor numbers) of every arm that beat its floor in `result`."""
+    floors = shape_floors(result)
+    found = [(s.shape, s.arm, arm_floor(s, floors.get(s.shape))) for s in result.summaries]
+    return [f for f in found if f[2].understated]
 
 
 @dataclass(frozen=True)

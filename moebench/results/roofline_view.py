@@ -4,10 +4,23 @@ was taken at. Text only (rich and Markdown each lay it out); nothing is computed
 
 from __future__ import annotations
 
-from moebench.results.index import ResultIndex, us
-from moebench.results.roofline import FP8, HBM, ShapeFloors, floor_label, shape_floors, times_floor
+from moebench.results.index import ResultIndex, percent, us
+from moebench.results.roofline import (FP8, HBM, UNDERSTATED, ArmFloor, ShapeFloors, arm_floor, floor_label,
+                                       shape_floors, understated_arms)
 
 FLOOR_HEADER = ("HBM floor µs", "FP8 floor µs", "binding", "× floor")
+
+
+def share_text(f: ArmFloor, digits: int = 0) -> str:
+    """An arm's share of the measured read bandwidth, flagged when above 100%."""
+    return percent(f.read_share, digits) + (f" ({UNDERSTATED})" if f.share_understated else "")
+
+
+def multiple_text(f: ArmFloor) -> str:
+    """An arm's median over the binding floor, flagged when under 1x."""
+    if f.multiple is None:
+        return "—"
+    return f"{f.multiple:,.2f}×" + (f" ({UNDERSTATED})" if f.multiple_understated else "")
 
 
 def floor_cells(floors: dict[str, ShapeFloors], shape: str, median_ns: float | None) -> list[str]:
@@ -15,9 +28,32 @@ def floor_cells(floors: dict[str, ShapeFloors], shape: str, median_ns: float | N
     f = floors.get(shape)
     if f is None:
         return ["—"] * len(FLOOR_HEADER)
-    multiple = times_floor(median_ns, f)
-    return [us(f.hbm_floor_ns), us(f.fp8_floor_ns), f.binding or "—",
-            "—" if multiple is None else f"{multiple:,.2f}×"]
+    return [us(f.hbm_floor_ns), us(f.fp8_floor_ns), f.binding or "—", multiple_text(arm_floor(None, f, median_ns))]
+
+
+def understated_note(ix: ResultIndex) -> str:
+    """One sentence naming the arms that beat their floor; '' when none did."""
+    found = understated_arms(ix.result)
+    if not found:
+        return ""
+    named = ", ".join(f"{arm} at {shape}" for shape, arm, _ in found)
+    return (f"{UNDERSTATED}: {named} beat{'s' if len(found) == 1 else ''} the floor no kernel can beat, so the "
+            f"floor is too low (the measured read is slower than this card can read); read their floor "
+            f"columns as bounds that do not hold")
+
+
+def read_floor_text(gpu) -> str:
+    """How a result's read bandwidth was read (a GpuInfo): the winning layout of the read kernel
+    and the datasheet's bandwidth beside it, or what a version 1 file's was."""
+    if gpu is None or gpu.read_bandwidth_bytes_per_s is None:
+        return "no read bandwidth measured"
+    rate = f"{gpu.read_bandwidth_bytes_per_s / 1e12:.2f} TB/s"
+    rf = gpu.read_floor
+    if rf is None:
+        return f"{rate} (a torch.sum read, as files of schema 1 measured it: kernels can beat it)"
+    sheet = "no datasheet figure for this GPU" if rf.datasheet_bytes_per_s is None else \
+        f"datasheet {rf.datasheet_bytes_per_s / 1e12:.2f} TB/s, measured {rf.of_datasheet:.0%} of it"
+    return f"{rate} (read kernel, best of {len(rf.configs)} layouts: {rf.config}; {sheet})"
 
 
 def floor_note(ix: ResultIndex) -> str:
@@ -31,7 +67,10 @@ def floor_note(ix: ResultIndex) -> str:
         "HBM floor — (no read bandwidth measured)"
     sources = sorted({f.peak.source for f in floors if f.peak})
     cited = f"; peak: {'; '.join(sources)}" if sources else ""
-    return f"{hbm}; {fp8}; binding: the larger; × floor: median / the larger{cited}"
+    flagged = understated_note(ix)
+    read = f"; read: {read_floor_text(ix.result.provenance.gpu)}" if ix.result.sharding is None else ""
+    return (f"{hbm}; {fp8}; binding: the larger; × floor: median / the larger{cited}{read}"
+            + (f". {flagged}" if flagged else ""))
 
 
 def sweep_floor_rows(ix: ResultIndex) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -47,9 +86,7 @@ def sweep_floor_rows(ix: ResultIndex) -> list[tuple[str, list[str], list[list[st
             f = floors.get(fx.name)
             cells = floor_cells(floors, fx.name, None)[:3]
             for arm in arms:
-                s = ix.summary(fx.name, arm)
-                multiple = times_floor(s.median_ns if s else None, f)
-                cells.append("—" if multiple is None else f"{multiple:,.2f}×")
+                cells.append(multiple_text(arm_floor(ix.summary(fx.name, arm), f)))
             rows.append([str(fx.M), fx.name, *cells])
         out.append((family, header, rows))
     return out

@@ -36,6 +36,12 @@ Format history:
     complete or not, why not, how many rounds are in, and what `run --resume` needs to finish it.
     FixtureInfo.model, .layout and .config (later, "" in older files): a registry shape's public
     model, its parallel layout and the config its numbers come from (`deepseek-v3/ep8/M8`).
+  2 (2026-12-06) the read floor: GpuInfo.read_bandwidth_bytes_per_s is the best of a purpose-built
+    read kernel's layouts (moebench.read_floor), no longer a `torch.sum` over 1 GiB, and
+    GpuInfo.read_floor (CellInfo.read_floor in a sharded sweep) records how it was read: each
+    layout's rate, the winner, and the board's datasheet bandwidth. ClockSample.power_limit_w: the
+    enforced power limit at the round's end. Version 1 files load as they are (read_floor None:
+    their floor is the `torch.sum` read, which kernels can beat).
 
 These records are the types of every stage that makes them, not copies: the fixtures' Floors,
 the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
@@ -50,7 +56,8 @@ from typing import Any
 from moebench.results.determinism_records import DeterminismVerdict
 from moebench.results.plain import from_plain, to_plain  # noqa: F401  (the records' converters, used as S.*)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # what `load` accepts: 1 differs only in fields 2 added with defaults
 FORMAT = "moebench.RunResult"
 AUDITED_SAMPLES = "audited samples"  # statistics over the samples the audit passed (every run now)
 ALL_SAMPLES = "all samples"  # files written before: statistics over every sample
@@ -118,6 +125,25 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class ReadFloor:
+    """The best cold read the card did in this run (moebench.read_floor): the HBM floor's rate."""
+
+    bytes_per_s: float  # the winning layout's: bytes read over the median of its audited samples
+    config: str  # the winning layout: CTAs an SM x threads x 16-byte loads in flight a thread
+    method: str  # the kernel and how it reads
+    nbytes: int  # bytes one sample reads
+    samples: int  # the winner's audited samples
+    configs: dict[str, float] = field(default_factory=dict)  # every layout timed: its rate (bytes/s)
+    datasheet_bytes_per_s: float | None = None  # the board's HBM bandwidth as its datasheet gives it
+    datasheet_source: str = ""
+
+    @property
+    def of_datasheet(self) -> float | None:
+        """The measured rate as a fraction of the datasheet's."""
+        return self.bytes_per_s / self.datasheet_bytes_per_s if self.datasheet_bytes_per_s else None
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     name: str
     index: int
@@ -130,7 +156,8 @@ class GpuInfo:
     cuda_runtime: str
     max_sm_clock_mhz: int | None = None
     max_mem_clock_mhz: int | None = None
-    read_bandwidth_bytes_per_s: float | None = None  # measured at the start of the run
+    read_bandwidth_bytes_per_s: float | None = None  # measured at the start of the run (read_floor's rate)
+    read_floor: ReadFloor | None = None  # how it was read (None: files of version 1, a torch.sum)
 
 
 @dataclass(frozen=True)
@@ -288,6 +315,7 @@ class ClockSample:
     power_w: float | None
     sm_mhz_start: int | None = None
     events: tuple[str, ...] = ()  # e.g. "sw_power_cap", "hw_slowdown", "sw_thermal" (idle not counted)
+    power_limit_w: float | None = None  # the enforced power limit at the round's end
 
     @property
     def throttled(self) -> str | None:
@@ -370,6 +398,7 @@ class CellInfo:
     finished_at: str
     clocks: tuple[ClockSample, ...] = ()  # this cell's rounds
     options: dict[str, Any] = field(default_factory=dict)  # the cell's own timer settings
+    read_floor: ReadFloor | None = None  # how this cell's read bandwidth was read
 
 
 @dataclass(frozen=True)

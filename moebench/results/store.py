@@ -12,7 +12,7 @@ from pathlib import Path
 
 from moebench.atomic_write import atomic_write, create_whole
 from moebench.errors import UserError
-from moebench.results.schema import FORMAT, SCHEMA_VERSION, RunResult, from_plain, to_plain
+from moebench.results.schema import FORMAT, READABLE_VERSIONS, SCHEMA_VERSION, RunResult, from_plain, to_plain
 from moebench.results.validate import problems
 
 
@@ -86,8 +86,9 @@ def loads(text: str, source: str = "<string>") -> RunResult:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"{source}: not a moebench RunResult (no \"format\": \"{FORMAT}\")")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise UserError(f"{source}: schema_version {version!r}, this moebench reads {SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        known = ", ".join(map(str, READABLE_VERSIONS))
+        raise UserError(f"{source}: schema_version {version!r}, this moebench reads {known} (writes {SCHEMA_VERSION})")
     try:
         return from_plain(RunResult, data)
     except ValueError as err:

@@ -11,10 +11,12 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench.results.determinism_view import det_text, determinism_table, verdicts_by_unit
-from moebench.results.index import ResultIndex, percent, placement_cells, us
+from moebench.results.index import ResultIndex, placement_cells, us
 from moebench.results.roofline import shape_floors
-from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, sweep_floor_tables
+from moebench.results.roofline import arm_floor
+from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, share_text, sweep_floor_tables
 from moebench.results.schema import BuildParity, RunResult
+from moebench.results.throttle import run_line
 from moebench.timing.metrics import timed_metric
 
 
@@ -28,8 +30,18 @@ def timer_label(result: RunResult) -> str:
 
 
 def throttle_lines(result: RunResult) -> list[str]:
-    """One line per round whose clocks did not hold (ClockSample.throttled)."""
-    return [f"round {c.round} throttled: {c.throttled} (compare leaves it out)" for c in result.clocks if c.throttled]
+    """One line per round whose clocks did not hold (ClockSample.throttled), with its clocks and
+    power, then what compare will do with them (moebench.results.throttle)."""
+    lines = [f"round {c.round} throttled: {c.throttled}{_clock_state(c)}" for c in result.clocks if c.throttled]
+    policy = run_line(result)
+    return lines + ([policy] if policy else [])
+
+
+def _clock_state(c) -> str:
+    parts = [f"SM {c.sm_mhz} MHz" if c.sm_mhz else "", f"memory {c.mem_mhz} MHz" if c.mem_mhz else "",
+             (f"{c.power_w:.0f}" + (f"/{c.power_limit_w:.0f}" if c.power_limit_w else "") + " W") if c.power_w else ""]
+    parts = [p for p in parts if p]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 SAMPLER_WORDS = {"eager": "eager launches", "graph": "CUDA graph replays"}
@@ -86,9 +98,10 @@ def summary_table(result: RunResult) -> Table:
     t.add_column("span", justify="right", no_wrap=True)
     t.add_column("n", justify="right", no_wrap=True)
     t.add_column("floor TB/s", justify="right", no_wrap=True)
-    t.add_column("% read BW", justify="right", no_wrap=True)
+    # the two floor shares may carry "(floor understated)": they wrap rather than lose it
+    t.add_column("% read BW", justify="right")
     for col in FLOOR_HEADER:
-        t.add_column(col, justify="left" if col == "binding" else "right", no_wrap=True)
+        t.add_column(col, justify="left" if col == "binding" else "right", no_wrap=col != "× floor")
     det = verdicts_by_unit(result.determinism)
     if det:
         t.add_column("det")  # wraps: the other columns keep their numbers whole
@@ -99,7 +112,7 @@ def summary_table(result: RunResult) -> Table:
         cells = [s.shape if s.shape != last_shape else "", s.arm, us(s.median_ns),
                  f"{us(s.min_ns)}–{us(s.max_ns)}", us(s.span_median_ns), str(s.samples),
                  "—" if s.hbm_bandwidth_bytes_per_s is None else f"{s.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
-                 percent(s.fraction_of_read_bandwidth, digits=0), *floor_cells(floors, s.shape, s.median_ns)]
+                 share_text(arm_floor(s, floors.get(s.shape))), *floor_cells(floors, s.shape, s.median_ns)]
         if det:
             cells.append(det_text(det.get((s.shape, s.arm))))
         t.add_row(*cells)

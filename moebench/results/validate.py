@@ -36,6 +36,7 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     if s.ref not in s.arms:
         out.append(f"settings.ref {s.ref!r} is not one of the arms")
     out += _status(result)
+    out += _read_floor(result.provenance.gpu)
     rounds = max(0, min(result.rounds_done, s.rounds))
     for f in result.fixtures:
         if f.floors.hbm_bytes <= 0 or f.floors.flops <= 0:
@@ -109,6 +110,22 @@ def _status(result: RunResult) -> list[str]:
         return [f"status: complete, but {st.rounds_done} of {rounds} rounds done"]
     if not st.complete and st.rounds_done is None:
         return ["status: incomplete, with no rounds_done"]
+    return []
+
+
+def _read_floor(gpu) -> list[str]:
+    """The read floor is its winning layout's rate, the best of its layouts, and the GPU's bandwidth."""
+    rf = gpu.read_floor if gpu else None
+    if rf is None:
+        return []
+    if rf.config not in rf.configs or not math.isclose(rf.configs[rf.config], rf.bytes_per_s, rel_tol=REL_TOL):
+        return [f"read_floor: {rf.bytes_per_s:g} B/s is not its layout {rf.config}'s rate"]
+    if any(v > rf.bytes_per_s * (1 + REL_TOL) for v in rf.configs.values()):
+        return [f"read_floor: layout {rf.config} is not the best of {', '.join(rf.configs)}"]
+    if gpu.read_bandwidth_bytes_per_s is None or not math.isclose(gpu.read_bandwidth_bytes_per_s, rf.bytes_per_s,
+                                                                  rel_tol=REL_TOL):
+        return [f"gpu.read_bandwidth_bytes_per_s {gpu.read_bandwidth_bytes_per_s} is not the read floor's "
+                f"{rf.bytes_per_s:g}"]
     return []
 
 

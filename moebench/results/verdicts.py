@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from moebench.errors import UserError
+from moebench.results.throttle import POLICIES
 
 
 class Verdict(str, enum.Enum):
@@ -35,7 +36,7 @@ class Verdict(str, enum.Enum):
 
 DEFAULT_CHANGE = 0.02  # the band where no floor was measured
 FLOOR_POLICIES = ("measured", "ignore", "require")
-THROTTLE_POLICIES = ("drop", "keep")
+THROTTLE_POLICIES = POLICIES  # moebench.results.throttle says what each does
 TEST_UNITS = ("rows", "samples")
 
 RULES_HELP = (
@@ -47,7 +48,9 @@ RULES_HELP = (
     "floor:measured|ignore|require (a measured noise floor in a run widens the band "
     "to it; ignore it; or refuse runs without one); "
     "test:rows|samples (what the rank test ranks: round medians, or every audited sample); "
-    "throttled:drop|keep (rounds whose clocks moved or were capped are left out, or kept).")
+    "throttled:auto|drop|keep (rounds whose clocks moved or were capped: auto leaves them out when both "
+    "runs keep unthrottled rounds, else judges every round and marks the verdicts; drop always leaves "
+    "them out; keep judges them).")
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class Rules:
     alpha: float = 0.05  # p: a change must also pass the rank test at this level
     floor: str = "measured"  # floor: what a measured noise floor does
     test: str = "rows"  # test: the rank test's units
-    throttled: str = "drop"  # throttled: rounds a run flagged as throttled (ClockSample.throttled)
+    throttled: str = "auto"  # throttled: rounds a run flagged as throttled (moebench.results.throttle)
 
     def __post_init__(self):
         if self.change is not None and not 0 < self.change < 1:

@@ -3,7 +3,7 @@
 The engine samples at a round's start and at its end (`over_round` joins the two): the SM
 clock at both ends, and NVML's clock-event reasons (the GPU capping its clocks for power or
 heat) at both. A round whose SM clock moved or that saw such an event is `throttled`
-(ClockSample.throttled), and compare leaves it out of its verdicts unless asked to keep it.
+(ClockSample.throttled); compare's policy on such rounds is moebench.results.throttle's.
 
 Degrades to None fields (never an error) when NVML or a query is unavailable: clocks are
 provenance, not the measurement.
@@ -72,6 +72,7 @@ class ClockSampler:
             return ClockSample(round_, None, None, None, None)
         nv = self._nvml
         power_mw = self._query(nv.nvmlDeviceGetPowerUsage)
+        limit_mw = self._query(nv.nvmlDeviceGetEnforcedPowerLimit)
         reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         return ClockSample(
@@ -81,6 +82,7 @@ class ClockSampler:
             temperature_c=self._query(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
             power_w=None if power_mw is None else power_mw / 1000.0,
             events=event_names(self._query(reasons) if reasons else None),
+            power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
         )
 
     def max_clocks_mhz(self) -> tuple[int | None, int | None]:
