@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moebench.results.schema import (
-    SCHEMA_VERSION, ArmInfo, ArmSummary, Audit, AuditFinding, ClockSample, DeclaredKernel, FixtureInfo,
+    AUDITED_SAMPLES, SCHEMA_VERSION, ArmInfo, ArmSummary, Audit, AuditFinding, ClockSample, DeclaredKernel, FixtureInfo,
     Floors, GpuInfo, ParityInfo, Provenance, RatioSummary, RunResult, Sample, KernelRecord, Settings,
 )
 
@@ -32,16 +32,14 @@ def make_result(timer: str = "cupti", failed: bool = False) -> RunResult:
                     samples.append(Sample("A8", a, r, i, 0, (), base + i))
     findings = (AuditFinding("A8", "triton", 1, 0, "2 kernels, expected 1"),) if failed else ()
     audit = Audit(len(samples), len(samples) - len(findings), 0, findings)
-    summaries = (
-        ArmSummary("A8", "triton", 100_000.5, (100_000.5, 100_000.5), 100_000.5, 100_000.5, 4, 100_000.5,
-                   1.5e12, 0.375),
-        ArmSummary("A8", "triton-swapab", 80_000.5, (80_000.5, 80_000.5), 80_000.5, 80_000.5, 4, None,
-                   1.9e12, None),
-    )
-    ratios = (RatioSummary("A8", "triton", "triton-swapab", 1.25, 1.2, 1.3, (1.2, 1.3), 2, 2),)
+    # The stored statistics are what the samples give (a loaded file is checked against them).
+    from moebench.stats import summarize
+    passed = samples if not failed else samples[1:]
+    summaries, ratios = summarize(passed, settings.shapes, settings.arms, settings.ref, {"A8": floors.hbm_bytes},
+                                  gpu.read_bandwidth_bytes_per_s)
     clocks = (ClockSample(1, 1980, 3201, 40, 300.5), ClockSample(2, None, None, None, None))
     return RunResult(SCHEMA_VERSION, prov, settings, (fx,), arms, parity, tuple(samples), clocks, audit,
-                     summaries, ratios)
+                     summaries, ratios, statistics_over=AUDITED_SAMPLES)
 
 
 # --- a fake GPU and tracer: synthetic CUPTI record streams from the real engine loop ----

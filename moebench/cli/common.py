@@ -32,8 +32,9 @@ def load_result(path: str, trust_stored: bool):
     if trust_stored:
         found = problems(result)
         if found:
-            click.echo(f"moebench: warning: {path}: disagrees with its own samples ({len(found)} problem(s), "
-                       f"first: {found[0]}); read as stored", err=True)
+            click.echo(f"moebench: warning: --trust-stored: {path}: disagrees with its own samples or ranges "
+                       f"({len(found)} problem(s), first: {found[0]}); every number below is shown AS STORED, "
+                       f"not checked", err=True)
     return result
 
 

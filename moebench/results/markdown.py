@@ -79,7 +79,9 @@ def _warnings(ix: ResultIndex) -> str:
     if partial:
         lines.append(f"> **Incomplete:** {partial}.")
     audit = ix.result.audit
-    if not audit.passed:
+    if not audit.samples_total:
+        lines.append("> **Unaudited:** the file holds no samples.")
+    elif not audit.passed:
         lines.append(f"> **Audit failed:** {audit.samples_passed}/{audit.samples_total} samples passed, "
                      f"{audit.dropped_records} dropped records, {len(audit.findings)} findings.")
     for p in ix.result.parity:
@@ -218,7 +220,8 @@ def _provenance(ix: ResultIndex) -> str:
         ("host, time", f"{prov.hostname}, {prov.started_at} – {prov.finished_at}"),
         ("timer, flush, sampler", f"{res.settings.timer}, {res.settings.flush} ({mib(res.settings.flush_bytes)}), "
                                   f"{res.settings.sampler}"),
-        ("audit", f"{res.audit.samples_passed}/{res.audit.samples_total} samples passed, "
+        ("audit", "unaudited (no samples)" if not res.audit.samples_total else
+                  f"{res.audit.samples_passed}/{res.audit.samples_total} samples passed, "
                   f"{res.audit.dropped_records} dropped records, {len(res.audit.findings)} findings"),
     ]
     if res.settings.options:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import zlib
 from pathlib import Path
@@ -14,10 +15,50 @@ from moebench.atomic_write import atomic_write, create_whole
 from moebench.errors import UserError
 from moebench.results.schema import FORMAT, READABLE_VERSIONS, SCHEMA_VERSION, RunResult, from_plain, to_plain
 from moebench.results.validate import problems
+from moebench.results.validate_fields import pattern_problems
+
+
+MAX_DEPTH = 64  # far deeper than any record; a file nested deeper was built to break the reader
 
 
 def dumps(result: RunResult) -> str:
-    return json.dumps(to_plain(result), indent=1, allow_nan=False) + "\n"
+    plain = to_plain(result)
+    bad = _unwritable(plain, "RunResult")
+    if bad:  # e.g. NaN in an arm's identity: JSON has no NaN, and a file must read back
+        raise UserError(f"cannot write the result: {bad}")
+    return json.dumps(plain, indent=1, allow_nan=False) + "\n"
+
+
+def _unwritable(data, path: str, depth: int = 0) -> str | None:
+    """Where in plain data a value is that a result file must not hold (NaN, Infinity, nesting
+    deeper than MAX_DEPTH), or None. Iterative in spirit: bounded by MAX_DEPTH."""
+    if depth > MAX_DEPTH:
+        return f"{path}: nested more than {MAX_DEPTH} levels deep"
+    if isinstance(data, float) and not math.isfinite(data):
+        return f"{path} is {data}, not a finite number"
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        found = _unwritable(value, f"{path}[{key!r}]" if isinstance(data, dict) else f"{path}[{key}]", depth + 1)
+        if found:
+            return found
+    return None
+
+
+def _depth(data) -> int:
+    """How deeply `data` nests, without recursion (a hostile file may nest thousands deep)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((c, d + 1) for c in children)
+    return deepest
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number a result holds")
 
 
 def ensure_writable_dir(folder: str | Path) -> Path:
@@ -80,9 +121,15 @@ def _encoded(result: RunResult, path: Path) -> bytes:
 
 def loads(text: str, source: str = "<string>") -> RunResult:
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as err:
         raise UserError(f"{source}: not JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{source}: not a RunResult (nested too deeply to read)") from None
+    except ValueError as err:  # NaN/Infinity, or an integer of thousands of digits
+        raise UserError(f"{source}: not a RunResult ({str(err).splitlines()[0][:120]})") from None
+    if _depth(data) > MAX_DEPTH:
+        raise UserError(f"{source}: not a RunResult (nested more than {MAX_DEPTH} levels deep)")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"{source}: not a moebench RunResult (no \"format\": \"{FORMAT}\")")
     version = data.get("schema_version")
@@ -90,9 +137,13 @@ def loads(text: str, source: str = "<string>") -> RunResult:
         known = ", ".join(map(str, READABLE_VERSIONS))
         raise UserError(f"{source}: schema_version {version!r}, this moebench reads {known} (writes {SCHEMA_VERSION})")
     try:
-        return from_plain(RunResult, data)
-    except ValueError as err:
+        result = from_plain(RunResult, data)
+    except (ValueError, TypeError) as err:
         raise UserError(f"{source}: malformed RunResult: {err}") from None
+    bad = pattern_problems(result)  # refused whatever the caller trusts: the audit cannot run it
+    if bad:
+        raise UserError(f"{source}: malformed RunResult: {bad[0]}")
+    return result
 
 
 def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
@@ -114,5 +165,5 @@ def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
         found = problems(result)
         if found:
             more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
-            raise UserError(f"{path}: disagrees with its own samples: {found[0]}{more}; --trust-stored reads it anyway")
+            raise UserError(f"{path}: disagrees with its own samples or fields: {found[0]}{more}; --trust-stored reads it anyway")
     return result

@@ -55,6 +55,8 @@ def noise_lines(result: RunResult) -> list[str]:
 
 def audit_line(result: RunResult) -> str:
     a = result.audit
+    if a.samples_total == 0:  # nothing was measured, so nothing was audited: never "passed 0/0"
+        return "unaudited: the file holds no samples"
     state = "passed" if a.passed else "FAILED"
     drops = f", {a.dropped_records} dropped records" if a.dropped_records else ""
     return f"audit {state}: {a.samples_passed}/{a.samples_total} samples audited{drops}"
@@ -241,7 +243,7 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
         console.print(line, highlight=False)
     for line in throttle_lines(result):
         console.print(Text(line, style="yellow"))
-    style = "green" if result.audit.passed else "bold red"
+    style = "green" if result.audit.passed and result.audit.samples_total else "bold red"
     console.print(Text(audit_line(result), style=style))
     for line in findings_lines(result):
         console.print(Text(f"  {line}", style="red"))

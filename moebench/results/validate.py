@@ -12,10 +12,12 @@ written before that rule). Each problem names the field.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from moebench.results.determinism_records import determinism_problems
 from moebench.results.schema import STATISTICS_OVER, RunResult
+from moebench.results.validate_fields import field_problems, pattern_problems
 from moebench.stats import summarize, summary_samples
 from moebench.timing.audit import kernel_mismatch
 
@@ -24,7 +26,9 @@ REL_TOL = 1e-4  # below what any view prints: ratios to 0.001, times to 0.01 µs
 
 def problems(result: RunResult, limit: int = 20) -> list[str]:
     """What in `result` does not follow from its samples (empty when consistent)."""
-    out: list[str] = []
+    out: list[str] = pattern_problems(result)
+    if out:  # the audit below cannot run a pattern that does not compile
+        return out[:limit]
     s = result.settings
     out += determinism_problems(result.determinism)
     untimed = s.timer == "none" and not result.samples and bool(result.determinism)  # verdicts alone
@@ -60,7 +64,7 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
                    or any(k.end_ns <= k.start_ns for k in x.kernels))
         failing += bad
         if len(out) >= limit:
-            return out
+            return out[:limit]
     a = result.audit
     if a.samples_total != len(result.samples):
         out.append(f"audit.samples_total {a.samples_total} != {len(result.samples)} samples")
@@ -70,12 +74,15 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     out += _sharding(result)
     if result.statistics_over not in STATISTICS_OVER:
         out.append(f"statistics_over {result.statistics_over!r} is not one of {', '.join(STATISTICS_OVER)}")
-        return out[:limit]
+        return (out + field_problems(result))[:limit]
     summarized = summary_samples(result)
     if summarized and result.summaries:
         out += _statistics(result, summarized)
     elif summarized and not result.summaries:
         out.append(f"summaries: none, for a run with {result.statistics_over}")
+    elif result.summaries or result.ratios:  # nothing to derive them from: forged or trimmed
+        out.append(f"summaries and ratios stored with no {result.statistics_over} to derive them from (unaudited)")
+    out += field_problems(result)  # after the samples' own checks: those name the first cause
     return out[:limit]
 
 
@@ -143,8 +150,9 @@ def _statistics(result: RunResult, samples) -> list[str]:
         y = stored.get((x.shape, x.arm))
         if y is None:
             out.append(f"summaries: {x.arm} at {x.shape} is missing")
-        elif not math.isclose(x.median_ns, y.median_ns, rel_tol=REL_TOL):
-            out.append(f"summaries[{x.shape} {x.arm}].median_ns {y.median_ns:g}, the samples give {x.median_ns:g}")
+        else:
+            out += _differences(f"summaries[{x.shape} {x.arm}]", y, x,
+                                skip=() if x.shape in hbm else NO_FLOORS)
     if len(stored) != len(summaries):
         out.append(f"summaries: {len(stored)} stored, the samples give {len(summaries)}")
     stored_r = {(r.shape, r.ref, r.arm): r for r in result.ratios}
@@ -152,6 +160,48 @@ def _statistics(result: RunResult, samples) -> list[str]:
         y = stored_r.get((r.shape, r.ref, r.arm))
         if y is None:
             out.append(f"ratios: {r.arm} / {r.ref} at {r.shape} is missing")
-        elif not math.isclose(r.median, y.median, rel_tol=REL_TOL):
-            out.append(f"ratios[{r.shape} {r.arm}].median {y.median:g}, the samples give {r.median:g}")
+        else:
+            out += _differences(f"ratios[{r.shape} {r.arm}]", y, r)
+    if len(stored_r) != len(ratios):
+        out.append(f"ratios: {len(stored_r)} stored, the samples give {len(ratios)}")
     return out
+
+
+# Optional fields a file may leave empty (older files have no gpu_sum; a view shows "—"), never
+# fill with a number of their own.
+OPTIONAL = ("span_median_ns", "sum_median_ns", "fraction_of_read_bandwidth")
+
+
+def _same(stored, derived) -> bool:
+    if isinstance(derived, tuple):
+        return isinstance(stored, tuple) and len(stored) == len(derived) \
+            and all(_same(a, b) for a, b in zip(stored, derived))
+    if isinstance(derived, float) and isinstance(stored, (int, float)):
+        return math.isclose(stored, derived, rel_tol=REL_TOL, abs_tol=1e-9)
+    return stored == derived
+
+
+# Bandwidths need the fixture's floor bytes. Files written by scripts before results carried
+# their fixtures have none; their bandwidth cannot be redone and is shown as stored. A file that
+# carries fixtures must carry one for each of its shapes (validate_fields), so deleting one
+# does not open this door.
+NO_FLOORS = ("hbm_bandwidth_bytes_per_s", "fraction_of_read_bandwidth")
+
+
+def _differences(where: str, stored, derived, skip: tuple[str, ...] = ()) -> list[str]:
+    """Each field of a stored summary or ratio that the samples do not give (every field a
+    view shows: rows, their range, n, span, bandwidth, ratio range, per-round ratios, wins)."""
+    out = []
+    for f in dataclasses.fields(derived):
+        mine, theirs = getattr(stored, f.name), getattr(derived, f.name)
+        if (mine is None and f.name in OPTIONAL) or f.name in skip:
+            continue
+        if not _same(mine, theirs):
+            out.append(f"{where}.{f.name} {_show(mine)}, the samples give {_show(theirs)}")
+    return out
+
+
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_show(v) for v in value[:4]) + (", ..." if len(value) > 4 else "") + ")"
+    return f"{value:g}" if isinstance(value, float) else repr(value)
