@@ -54,8 +54,17 @@ class World:
 
     @classmethod
     def from_env(cls) -> World:
-        env = os.environ
-        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+        """The rank and world a launcher set, each a whole number, the rank inside the world."""
+        values = {}
+        for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+            text = os.environ.get(name, default).strip()
+            if not (text.isascii() and text.isdigit()) or len(text) > 6:
+                raise UserError(f"environment {name}={text[:20]!r}: expected a whole number (as torchrun sets it)")
+            values[name] = int(text)
+        if values["WORLD_SIZE"] < 1 or values["RANK"] >= values["WORLD_SIZE"]:
+            raise UserError(f"environment RANK={values['RANK']} WORLD_SIZE={values['WORLD_SIZE']}: "
+                            f"the rank must be inside a world of at least 1")
+        return cls(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"])
 
 
 def launched_by_torchrun() -> bool:

@@ -1,6 +1,8 @@
 """Command line: parse, call the library, print. No logic of its own.
 
-Every user mistake ends as one line on stderr and exit code 2; see `main`.
+Every user mistake ends as one line on stderr and a non-zero exit, whatever its source (a flag,
+a file, the environment, a signal); see `main`. Command modules import the heavy stages
+(torch, Triton, CUDA) inside their functions, so `--help` answers without them.
 """
 
 from __future__ import annotations
@@ -19,19 +21,30 @@ def cli() -> None:
     """Paired, cold-L2, CUPTI-timed benchmarks of FP8 MoE kernels."""
 
 
-def main(argv: list[str] | None = None) -> None:
-    from moebench.cli import commands  # noqa: F401  (registers the subcommands)
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"moebench: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from moebench.cli.terminal import fit_streams
+    fit_streams()
     try:
+        from moebench.cli import commands  # noqa: F401  (registers the subcommands)
         args = list(sys.argv[1:] if argv is None else argv)
         code = cli.main(args=args, prog_name="moebench", standalone_mode=False, obj={"argv": args})
-    except click.exceptions.Abort:
-        print("moebench: aborted", file=sys.stderr)
-        sys.exit(130)
+    except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C at any point, imports included
+        _fail("interrupted", INTERRUPTED)
     except click.UsageError as err:  # bad flag, missing argument: one line, exit 2
-        print(f"moebench: error: {err.format_message()}", file=sys.stderr)
-        sys.exit(2)
+        _fail(f"error: {err.format_message()}")
     except UserError as err:
-        print(f"moebench: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        _fail(f"error: {err}")
+    except RecursionError:  # an input nested past what Python's stack holds
+        _fail("error: the input is nested too deeply to read")
+    except BrokenPipeError:  # `moebench report x | head`: the reader left; nothing to say
+        sys.stderr.close()
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
