@@ -28,21 +28,12 @@ from statistics import median
 
 import torch
 
+from moebench.choices import PROBE_OPS
 from moebench.errors import UserError
 from moebench.results.schema import Audit, DeclaredKernel, Sample
 from moebench.timing.engine import Unit
 
-OPS = {
-    # op: (kernel pattern for the audit and for ncu -k regex:..., tensors read, tensors written)
-    "add": (r"Functor\w*_add", 2, 1),
-    "mul": ("MulFunctor", 1, 1),
-    "spin": ("spin_kernel", 0, 0),
-    "empty": ("spin_kernel", 0, 0),
-    "reduce": ("moebench_probe_reduce", 0, 0),  # bytes: the reductions' (REDUCE_PASSES x the buffer)
-    "wgmma": ("moebench_probe_wgmma", 0, 0),  # FLOPs: the wgmma's (WGMMA_STEPS K steps a CTA)
-    "wgmma-step": ("moebench_probe_wgmma_step", 0, 0),
-    "gate-up-l2": ("moebench_prefill_gate_up", 0, 0),  # FLOPs: the blocks' GEMM (2 x 64 x 2I x K each)
-}
+OPS = PROBE_OPS  # op: (kernel pattern, tensors read, tensors written), defined where --help reads it
 REDUCE_PASSES = 8  # sweeps of the reduce probe over its buffer
 REDUCE_CTAS_PER_SM = 8  # its grid: 256-thread CTAs an SM
 # `--sms N`: one CTA of 1024 threads on each of N SMs, held alone there by its shared memory (more

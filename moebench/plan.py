@@ -30,19 +30,11 @@ from moebench.noise import check_noise_source, copy_factory, copy_label
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 from moebench.variants import parse_variant, variant_factory
 
-# The default protocol varies where every arm's buffers land (measured: docs/measurement.md, "Placement"):
-# each arm prepared DEFAULT_PLACEMENTS times where memory allows, every row turning through the copies,
-# each copy the same number of samples of a row (so a row is the same blend of placements every round).
-DEFAULT_PLACEMENTS = 16
-DEFAULT_SAMPLES = 32
-# Rounds are cheap (a Q8 round of four arms times in well under a second) and the ratio's interval, and
-# so the A/A floor, narrows as their square root: 20 resolve about half of what 5 did.
-DEFAULT_ROUNDS = 20
-DEFAULT_PLACEMENT_MODE = "samples"
-ORDERS = ("shuffled", "alternating")
-NO_AA = "none"  # `--aa none`: no A/A copy, no noise floor measured
-REF_AA = "ref"  # `--aa ref` (the command line's default): the A/A copy is the reference arm's
-DETERMINISM_RUNS = 10  # `run --determinism`: a cheap check beside the timing (`verify --determinism` runs 20)
+# The defaults of the protocol, defined where `--help` reads them (moebench.choices).
+from moebench.choices import (  # noqa: E402,F401
+    DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_ROUNDS, DEFAULT_SAMPLES, DETERMINISM_RUNS, NO_AA, ORDERS,
+    REF_AA,
+)
 
 
 @dataclass(frozen=True)

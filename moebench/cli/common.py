@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
-from moebench.fixtures import ShapeRegistry
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moebench.fixtures import ShapeRegistry
 
 shape_option = click.option("--shape", "shapes", multiple=True, metavar="S[,S...]",
                             help="Shape names such as A8, Q128 or deepseek-v3/ep8/M8 (repeat or comma-separate).")
@@ -39,6 +42,7 @@ def load_result(path: str, trust_stored: bool):
 
 
 def registry(shapes_file: str | None, max_fixture_gb: float = 16.0) -> ShapeRegistry:
+    from moebench.fixtures import ShapeRegistry  # torch: not for --help
     reg = ShapeRegistry(max_fixture_gb=max_fixture_gb)
     return reg.with_shapes_file(shapes_file) if shapes_file else reg
 

@@ -11,8 +11,7 @@ import click
 from moebench.cli import cli
 from moebench.cli.common import load_result, trust_stored_option
 from moebench.errors import UserError
-from moebench.results.compare import compare_results, gate
-from moebench.results.compare_view import COMPARE_FORMATS
+from moebench.choices import COMPARE_FORMAT_NAMES
 from moebench.results.verdicts import RULES_HELP, Rules, parse_fraction, parse_rules
 
 
@@ -51,13 +50,15 @@ class Rule(click.ParamType):
               help="The same as --rule median:X [default: 2%].")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit 1 if any arm got slower, or if either run has audit failures.")
-@click.option("--format", "fmt", type=click.Choice(list(COMPARE_FORMATS)), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(list(COMPARE_FORMAT_NAMES)), default="table", show_default=True)
 @trust_stored_option
 def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, trust_stored):
     """Compare run B against run A, per shape and arm, from the audited samples of each: medians
     with bootstrap intervals, a rank test, and a verdict with its reason: faster or slower (the
     change's interval lies beyond the band and the test agrees), same (within it), noisy (the
     interval is wider than the band) or ambiguous (it straddles an edge of the band)."""
+    from moebench.results.compare import compare_results, gate  # numpy: not for --help
+    from moebench.results.compare_view import COMPARE_FORMATS
     base = Rules() if threshold is None else Rules(change=threshold)
     judged_by = parse_rules(rules, base)
     a, b = load_result(a_path, trust_stored), load_result(b_path, trust_stored)

@@ -10,7 +10,6 @@ from rich.table import Table
 from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, registry, shape_option,
                                  shapes_file_option)
-from moebench.fixtures.summary import describe_fixtures
 from moebench.results.tables import make_console
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
@@ -28,6 +27,7 @@ def fixtures(shapes, shapes_file, balancedness, as_json, list_models, max_fixtur
     """Build fixtures and print their dims, routing, floors and fingerprint."""
     if list_models:
         return _print_models(as_json, bool(shapes))
+    from moebench.fixtures.summary import describe_fixtures  # torch: not for --help
     specs = registry(shapes_file, max_fixture_gb).resolve_many(list(shapes) or list(DEFAULT_SHAPES), balancedness=balancedness)
     summaries = describe_fixtures(specs)
     if as_json:

@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from moebench.cli import cli
-from moebench.fidelity import OPS, compare_with_ncu, run_probe, run_read_floor
-from moebench.timing.flush import FLUSH_MODES
+from moebench.choices import FLUSH_MODES, PROBE_OPS as OPS
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
 
@@ -75,6 +74,7 @@ def probe(op, mib, us, sms, samples, warmup, flush, timer, ncu_csv, table_row):
     """Time one kernel exactly as `moebench run` times an arm (cold L2, audited)."""
     if table_row and not ncu_csv:
         raise click.UsageError("--table-row needs --ncu-csv")
+    from moebench.fidelity import compare_with_ncu, run_probe, run_read_floor  # torch: not for --help
     if op == "read":
         if ncu_csv:
             raise click.UsageError("--ncu-csv applies to single-kernel ops, not --op read")

@@ -26,7 +26,7 @@ import torch
 
 from moebench.errors import UserError
 
-FLUSH_MODES = ("read", "write", "none")
+from moebench.choices import FLUSH_MODES  # noqa: E402,F401  (defined where --help reads it)
 MIN_FLUSH_BYTES = 256 * 2**20  # what H200.md measured with; 4.3x the H200's 60 MiB L2
 
 
