@@ -174,11 +174,17 @@ def _cache() -> str:
     return f"{folder} is writable"
 
 
+def _nvrtc_advice(err: BaseException) -> str:
+    """A UserError already says what to do (an unwritable cache folder is not a missing NVRTC)."""
+    from moebench.errors import UserError
+    return "" if isinstance(err, UserError) else "pip install nvidia-cuda-nvrtc cuda-core matching your CUDA driver"
+
+
 def cpu_findings() -> list[Finding]:
     return [
         _versions(),
         _attempt("Triton interpreter", _triton_interpreter, "pip install triton (tests run kernels under it)"),
-        _attempt("NVRTC", _nvrtc, "pip install nvidia-cuda-nvrtc cuda-core matching your CUDA driver"),
+        _attempt("NVRTC", _nvrtc, _nvrtc_advice),
         _attempt("compile cache", _cache, "set MOEBENCH_CACHE to a writable folder"),
     ]
 
@@ -308,11 +314,20 @@ def _attempt(label: str, fn: Callable[[], str], advice: str | Callable[[BaseExce
 
 
 def _first_line(err: BaseException) -> str:
-    from moebench.errors import UserError
+    """The error in words: its message (an OSError's reason and file), or, for an exception that
+    carries none, its class name spelled out (NVMLError_LibraryNotFound: "NVML library not found")."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
     text = str(err).strip()
-    if not text:
-        return type(err).__name__
-    return text.splitlines()[0] if isinstance(err, UserError) else f"{type(err).__name__}: {text.splitlines()[0]}"
+    return text.splitlines()[0] if text else _spelled(type(err).__name__)
+
+
+def _spelled(name: str) -> str:
+    import re
+    head, _, rest = name.partition("_")
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", rest or head)
+    subject = re.sub(r"(Error|Exception)$", "", head) if rest else ""
+    return " ".join(filter(None, [subject, *(w if w.isupper() else w.lower() for w in words)])) or name
 
 
 # ---------------------------------------------------------------------------- arms

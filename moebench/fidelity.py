@@ -270,6 +270,8 @@ def run_probe(op: str = "add", mib: int = 256, samples: int = 100, warmup: int =
         raise UserError("--sms applies only to --op reduce")
     if sms is not None and sms < 1:
         raise UserError(f"--sms must be at least 1, got {sms}")
+    if not 0 <= us <= 1e6:  # NaN fails this too; a second of spinning is no probe
+        raise UserError(f"--us must be 0 to 1,000,000 microseconds, got {us:g}")
     backend = backend if backend is not None else cuda_backend(protocol)
     cycles = spin_cycles(us, backend.gpu.max_sm_clock_mhz if backend.gpu else None) if op == "spin" else 0
     unit, _, amount = probe_unit(op, mib, backend.device, cycles, sms)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from moebench.errors import UserError
+from moebench.kernels.registry import make_arms
 from moebench.measure import MAX_SAMPLES, TimingBackend, cuda_backend, measure
 from moebench.plan import RunRequest, plan_arms, validate
 from moebench.prepare import prepare
@@ -43,6 +44,7 @@ def profile_arm(req: RunRequest, calls: int = 4, backend: TimingBackend | None =
     if len(req.arms) != 1:
         raise UserError(f"profile: give exactly one arm (got {', '.join(req.arms) or 'none'})")
     validate(req, timers=("none",))  # shapes too, before any GPU work
+    make_arms(req.arms, req.arm_options, plan.factories)  # an unknown arm or option named before the device
     backend = replace(backend, timer=Untimed()) if backend is not None else cuda_backend(req.protocol)
     prep = prepare(req, plan, backend.device, log)
     measure(prep.units, req.protocol, backend)

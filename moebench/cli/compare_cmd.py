@@ -59,6 +59,8 @@ def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, trust_sto
     interval is wider than the band) or ambiguous (it straddles an edge of the band)."""
     from moebench.results.compare import compare_results, gate  # numpy: not for --help
     from moebench.results.compare_view import COMPARE_FORMATS
+    if threshold is not None and any(item.strip().startswith("median:") for r in rules for item in r.split(",")):
+        raise click.UsageError("--threshold X is --rule median:X: give one of them, not both")
     base = Rules() if threshold is None else Rules(change=threshold)
     judged_by = parse_rules(rules, base)
     a, b = load_result(a_path, trust_stored), load_result(b_path, trust_stored)

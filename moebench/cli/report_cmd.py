@@ -17,7 +17,8 @@ from moebench.results.report import make_report
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
               help="What to print.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write PNG and SVG plots into this folder.")
+              help="Also write PNG and SVG plots into this folder (made if its parent exists; "
+                   "a file name such as out.png is refused).")
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of stdout (Markdown then links the "
                    "plots relative to it).")

@@ -108,10 +108,15 @@ def materialize(source: KernelSource, root: Path) -> Path:
     """Write the source and its headers to `root/<content hash>/` (content-addressed, so a
     folder once written never changes); returns the source file's path."""
     from moebench.atomic_write import atomic_write
+    from moebench.errors import UserError
     folder = root / source.content_sha256()[:24]
-    for name, body in ((source.filename, source.text), *source.headers):
-        p = folder / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if not p.is_file() or p.read_text() != body:
-            atomic_write(p, body.encode())
+    try:
+        for name, body in ((source.filename, source.text), *source.headers):
+            p = folder / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if not p.is_file() or p.read_text() != body:
+                atomic_write(p, body.encode())
+    except OSError as err:  # the cache folder, not NVRTC: say which folder and how to move it
+        raise UserError(f"cannot write kernel sources into {str(root)!r} ({err.strerror or err}); "
+                        f"set MOEBENCH_CACHE to a writable folder") from None
     return folder / source.filename

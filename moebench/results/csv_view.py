@@ -44,8 +44,8 @@ RATIO_METRICS: dict[str, tuple[str, Callable[[RatioSummary], float | None]]] = {
 def result_frame(result: RunResult) -> pd.DataFrame:
     rows = list(_sample_rows(result)) + list(_summary_rows(ResultIndex(result)))
     frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
-    for col in INTEGER_COLUMNS:
-        frame[col] = frame[col].astype("Int64")
+    for col in INTEGER_COLUMNS:  # straight from the ints: through float64 an id past 2**53 would change
+        frame[col] = pd.array([r[col] for r in rows], dtype="Int64")
     frame["value"] = frame["value"].astype("float64")
     return frame
 

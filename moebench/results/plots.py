@@ -9,6 +9,7 @@ written with fixed metadata, so the same result gives the same files.
 
 from __future__ import annotations
 
+import io
 import re
 
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
+from moebench.atomic_write import atomic_write
 from moebench.results.index import ResultIndex
 from moebench.results.roofline import FP8, UNDERSTATED, arm_floor, floor_series, shape_floors
 
@@ -245,16 +247,20 @@ def plot_filename(prefix: str, name: str, fmt: str) -> str:
 
 
 def write_plots(ix: ResultIndex, out_dir: str | Path, prefix: str = "") -> list[WrittenPlot]:
-    """Every plot of the result into `out_dir` as `plot_filename(prefix, name, fmt)`, PNG and SVG."""
+    """Every plot of the result into `out_dir` as `plot_filename(prefix, name, fmt)`, PNG and SVG,
+    each written whole or not at all (rendered in memory, then an atomic rename): a report killed
+    midway leaves no part of an image. Only the last level of `out_dir` is made."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(exist_ok=True)
     written = []
     with matplotlib.rc_context(STYLE):
         for plot in make_plots(ix):
             paths = []
             for fmt in FORMATS:
                 path = out_dir / plot_filename(prefix, plot.name, fmt)
-                plot.figure.savefig(path, format=fmt, dpi=150, metadata=METADATA[fmt])
+                image = io.BytesIO()
+                plot.figure.savefig(image, format=fmt, dpi=150, metadata=METADATA[fmt])
+                atomic_write(path, image.getvalue())
                 paths.append(path)
             written.append(WrittenPlot(plot.title, tuple(paths)))
     return written

@@ -16,6 +16,25 @@ from moebench.results.markdown import Image
 from moebench.results.schema import RunResult
 
 
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
+def check_outputs(plot_dir: str | None, output: str | None) -> None:
+    """Refuse, before anything is written, output paths that would make folders nobody asked
+    for: `-o` into a folder that does not exist, `--plot` given a file name (it takes a folder,
+    of which only the last level is made)."""
+    if output is not None and not Path(output).parent.is_dir():
+        raise UserError(f"-o {output}: the folder {str(Path(output).parent)!r} does not exist "
+                        f"(moebench makes no folders for a report)")
+    if plot_dir is not None:
+        if Path(plot_dir).suffix.lower() in IMAGE_SUFFIXES:
+            raise UserError(f"--plot {plot_dir}: takes a folder (PNG and SVG files are written into it), "
+                            f"not an image's file name")
+        if not Path(plot_dir).parent.is_dir():
+            raise UserError(f"--plot {plot_dir}: the folder {str(Path(plot_dir).parent)!r} does not exist "
+                            f"(--plot makes only its last folder)")
+
+
 @dataclass(frozen=True)
 class Report:
     text: str
@@ -31,6 +50,7 @@ def make_report(result: RunResult, fmt: str, plot_dir: str | None = None, output
 
     if prefix and (any(sep in prefix for sep in ("/", "\\")) or ".." in prefix):
         raise UserError(f"--prefix {prefix!r}: a prefix of file names, without a folder or '..'")
+    check_outputs(plot_dir, output)
     if ref is not None:
         result = with_ref(result, ref)
     images, written = [], []
@@ -52,7 +72,6 @@ def make_report(result: RunResult, fmt: str, plot_dir: str | None = None, output
         return Report("", tuple(written))
     if output is not None:
         try:
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
             atomic_write(output, text.getvalue().encode("utf-8"))
         except OSError as err:
             raise UserError(f"cannot write {output}: {err.strerror or err}") from None

@@ -81,7 +81,7 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     elif summarized and not result.summaries:
         out.append(f"summaries: none, for a run with {result.statistics_over}")
     elif result.summaries or result.ratios:  # nothing to derive them from: forged or trimmed
-        out.append(f"summaries and ratios stored with no {result.statistics_over} to derive them from (unaudited)")
+        out.append(f"summaries and ratios stored with no samples to derive them from (unaudited)")
     out += field_problems(result)  # after the samples' own checks: those name the first cause
     return out[:limit]
 

@@ -97,8 +97,8 @@ def parse_fraction(text: str) -> float:
         raise UserError(f"{text!r} is not a percentage like 2% or a fraction like 0.02") from None
     if not text.endswith("%") and number >= 1:
         raise UserError(f"{text!r} is ambiguous: write {text}% or {number / 100:g}")
-    if not 0 < number < 1:
-        raise UserError(f"{text!r} must be between 0% and 100%")
+    if not 0 < number < 1:  # NaN fails this too
+        raise UserError(f"{text!r} must be more than 0% and less than 100%")
     return number
 
 
@@ -130,10 +130,13 @@ PARSERS = {
 def parse_rules(texts: Iterable[str], base: Rules = Rules()) -> Rules:
     """`base` with each `KEY:VALUE` rule applied in turn (each text may hold several, comma
     separated). Any bad rule is one UserError that quotes it."""
-    rules = base
+    rules, seen = base, set()
     for text in texts:
         for item in (t for t in text.split(",") if t.strip()):
             key, sep, value = item.strip().partition(":")
+            if key in seen:  # two values for one rule: which one was meant cannot be guessed
+                raise UserError(f"rule {key!r} given twice; give each rule once")
+            seen.add(key)
             if not sep or not value.strip():
                 raise UserError(f"rule {item.strip()!r}: write KEY:VALUE, e.g. median:2% "
                                 f"(keys: {', '.join(PARSERS)})")
