@@ -4,6 +4,16 @@ The CLI turns it into one line on stderr and exit code 2; anything else is a bug
 keeps its traceback.
 """
 
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
 
 class UserError(ValueError):
-    """A mistake in what the user asked for: bad shape, bad file, bad flag value."""
+    """A mistake in what the user asked for: bad shape, bad file, bad flag value. Its message is
+    always one line: a control character quoted from the input (a newline in a file's shape
+    name) is shown escaped, so it cannot break the line or forge another."""
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        text = str(message)
+        super().__init__(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text), *args)

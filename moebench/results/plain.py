@@ -46,7 +46,17 @@ def _hints(tp: type) -> dict[str, Any]:
     return typing.get_type_hints(tp)
 
 
+@functools.cache
+def _fields(tp: type) -> tuple[tuple[str, Any, bool], ...]:
+    """A record's (name, resolved type, required) per field, once per class."""
+    hints = _hints(tp)
+    return tuple((f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(tp))
+
+
 def _build(tp: Any, data: Any, path: str) -> Any:
+    if tp in _LEAVES:  # most values of a file: checked before the typing forms are looked at
+        return _LEAVES[tp](data, path)
     origin = typing.get_origin(tp)
     if tp is Any:
         return data
@@ -77,26 +87,34 @@ def _build(tp: Any, data: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected an object")
-        hints = _hints(tp)
         kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in data:
-                kwargs[f.name] = _build(hints[f.name], data[f.name], f"{path}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{path}: missing field {f.name!r}")
+        for name, hint, required in _fields(tp):
+            if name in data:
+                kwargs[name] = _build(hint, data[name], f"{path}.{name}")
+            elif required:
+                raise ValueError(f"{path}: missing field {name!r}")
         return tp(**kwargs)
-    # `save` writes no NaN or Infinity and every integer a run records fits in 64 bits; a file
-    # holding anything else was edited, and its numbers would break the statistics.
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise ValueError(f"{path}: expected a number")
-        if isinstance(data, int) and abs(data) >= INT_LIMIT or not math.isfinite(data):
-            raise ValueError(f"{path}: {_short(data)} is not a finite number of a sane size")
-        return float(data)
-    if tp in (int, str, bool):
+    raise ValueError(f"{path}: unsupported type {tp!r}")
+
+
+# `save` writes no NaN or Infinity and every integer a run records fits in 64 bits; a file holding
+# anything else was edited, and its numbers would break the statistics.
+def _float(data: Any, path: str) -> float:
+    if isinstance(data, bool) or not isinstance(data, (int, float)):
+        raise ValueError(f"{path}: expected a number")
+    if isinstance(data, int) and abs(data) >= INT_LIMIT or not math.isfinite(data):
+        raise ValueError(f"{path}: {_short(data)} is not a finite number of a sane size")
+    return float(data)
+
+
+def _exact(tp: type):
+    def build(data: Any, path: str):
         if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
             raise ValueError(f"{path}: expected {tp.__name__}")
         if tp is int and abs(data) >= INT_LIMIT:
             raise ValueError(f"{path}: {_short(data)} does not fit in 64 bits")
         return data
-    raise ValueError(f"{path}: unsupported type {tp!r}")
+    return build
+
+
+_LEAVES = {float: _float, int: _exact(int), str: _exact(str), bool: _exact(bool)}

@@ -46,14 +46,16 @@ def _unwritable(data, path: str, depth: int = 0) -> str | None:
 
 def _depth(data) -> int:
     """How deeply `data` nests, without recursion (a hostile file may nest thousands deep)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
+    deepest, stack = 1, [(data, 1)]
+    while stack:  # containers only: leaves add no depth
         node, d = stack.pop()
-        deepest = max(deepest, d)
-        if d > MAX_DEPTH:
-            break
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((c, d + 1) for c in children)
+        if d > deepest:
+            deepest = d
+            if d > MAX_DEPTH:
+                break
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                stack.append((child, d + 1))
     return deepest
 
 
@@ -128,7 +130,7 @@ def loads(text: str, source: str = "<string>") -> RunResult:
         raise UserError(f"{source}: not a RunResult (nested too deeply to read)") from None
     except ValueError as err:  # NaN/Infinity, or an integer of thousands of digits
         raise UserError(f"{source}: not a RunResult ({str(err).splitlines()[0][:120]})") from None
-    if _depth(data) > MAX_DEPTH:
+    if isinstance(data, (dict, list)) and _depth(data) > MAX_DEPTH:
         raise UserError(f"{source}: not a RunResult (nested more than {MAX_DEPTH} levels deep)")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"{source}: not a moebench RunResult (no \"format\": \"{FORMAT}\")")
