@@ -240,3 +240,27 @@ def test_doctor_spells_out_errors_that_carry_no_message():
     assert _first_line(FileNotFoundError(2, "No such file or directory", "/proc/x")) == \
         "No such file or directory: /proc/x"
     assert _first_line(RuntimeError("first\nsecond")) == "first"
+
+
+def test_ctrl_c_at_any_point_is_one_line_and_exit_130():
+    """SIGINT while the command's stages are imported (torch takes the first second or two) or
+    while it works: one line, exit 130, never a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    argv = [sys.executable, "-m", "moebench", "verify", "--interpret", "--shape", "T8", "--arms", "triton"]
+    interrupted = 0
+    for delay in (0.5, 0.9, 1.5, 3.0):
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env={**os.environ, "TRITON_INTERPRET": "1"})
+        time.sleep(delay)
+        if proc.poll() is not None:  # finished before the signal: nothing to interrupt
+            continue
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        text = err.decode()
+        assert proc.returncode == 130 and _one_line(text) == "moebench: interrupted", (delay, proc.returncode, text)
+        interrupted += 1
+    assert interrupted >= 2  # the early windows at least were hit

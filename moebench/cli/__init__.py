@@ -29,10 +29,34 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+_interrupts: list[int] = []  # SIGINTs seen by this command
+
+
+def _on_interrupt(signum, frame) -> None:  # noqa: ARG001
+    """Python's own behaviour (KeyboardInterrupt), remembered: a library that wraps the
+    KeyboardInterrupt in an error of its own (the Triton interpreter does) still ends the
+    command as interrupted."""
+    _interrupts.append(signum)
+    raise KeyboardInterrupt
+
+
+def _take_over_interrupts() -> None:
+    import signal
+    import threading
+    current = signal.getsignal(signal.SIGINT)
+    starting = getattr(current, "__name__", "") == "_interrupted_while_starting"
+    # Only over Python's own handler (or the package's start-up guard): an ignored SIGINT (a
+    # background job's) stays ignored, and a caller's handler stays theirs.
+    if threading.current_thread() is threading.main_thread() and (current is signal.default_int_handler or starting):
+        _interrupts.clear()
+        signal.signal(signal.SIGINT, _on_interrupt)
+
+
 def main(argv: list[str] | None = None) -> None:
     from moebench.cli.terminal import fit_streams
     fit_streams()
     try:
+        _take_over_interrupts()
         from moebench.cli import commands  # noqa: F401  (registers the subcommands)
         args = list(sys.argv[1:] if argv is None else argv)
         code = cli.main(args=args, prog_name="moebench", standalone_mode=False, obj={"argv": args})
@@ -47,4 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:  # `moebench report x | head`: the reader left; nothing to say
         sys.stderr.close()
         sys.exit(1)
+    except Exception:
+        if _interrupts:  # the interrupt came back as another library's error
+            _fail("interrupted", INTERRUPTED)
+        raise
     sys.exit(code if isinstance(code, int) else 0)
