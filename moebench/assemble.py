@@ -23,8 +23,10 @@ def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, comma
     (arm options, builds, variants) to store beside the timer's; `status` says whether the
     run is finished (moebench.partial: a run saves itself after every round)."""
     p = m.protocol
+    # The share of the read bandwidth only where the file keeps that bandwidth (with its GPU), so
+    # a reader can redo it.
     summaries, ratios = summarize(m.audited_samples, subjects.shapes, subjects.arms, subjects.ref,
-                                  subjects.hbm_bytes, m.read_bandwidth_bytes_per_s)
+                                  subjects.hbm_bytes, m.read_bandwidth_bytes_per_s if gpu is not None else None)
     if gpu is not None:
         gpu = replace(gpu, read_bandwidth_bytes_per_s=m.read_bandwidth_bytes_per_s, read_floor=m.read_floor)
     settings = S.Settings(shapes=subjects.shapes, arms=subjects.arms, ref=subjects.ref, rounds=p.rounds,

@@ -177,7 +177,7 @@ def test_a_terminal_that_cannot_print_mu_gets_us(tmp_path, good):
 def test_report_into_a_missing_folder_fails_and_makes_nothing(tmp_path, good):
     path = store.save(good, tmp_path / "r.json")
     code, _, err = run_cli(["report", str(path), "--format", "markdown", "-o", str(tmp_path / "no" / "dir" / "o.md")])
-    assert code == 2 and "does not exist" in _one_line(err)
+    assert code == 2 and "is not an existing folder" in _one_line(err)
     assert not (tmp_path / "no").exists()
 
 
@@ -192,7 +192,7 @@ def test_plot_given_an_image_name_is_refused(tmp_path, good, name):
 def test_plot_makes_only_its_last_folder(tmp_path, good):
     path = store.save(good, tmp_path / "r.json")
     code, _, err = run_cli(["report", str(path), "--plot", str(tmp_path / "a" / "b")])
-    assert code == 2 and "does not exist" in _one_line(err) and not (tmp_path / "a").exists()
+    assert code == 2 and "is not an existing folder" in _one_line(err) and not (tmp_path / "a").exists()
 
 
 # --- options that contradict each other or are out of range ----------------------------------

@@ -209,7 +209,10 @@ def test_report_write_mistakes_are_one_line(tmp_path, capsys):
                          (["--plot", str(tmp_path / "img"), "--prefix", "../x"], "--prefix")):
         code, err = cli_error(capsys, "report", str(path), *argv)
         assert code == 2 and needle in err and err.count("\n") == 0, err
-    out = tmp_path / "deep" / "r.md"
+    out = tmp_path / "deep" / "r.md"  # no folder tree is made for a report
+    code, err = cli_error(capsys, "report", str(path), "--format", "markdown", "-o", str(out))
+    assert code == 2 and "is not an existing folder" in err and not out.parent.exists()
+    out.parent.mkdir()
     assert main_ok(["report", str(path), "--format", "markdown", "-o", str(out)])
     assert out.read_text().startswith("### moebench") and not list(out.parent.glob(".*.tmp"))
 

@@ -24,15 +24,15 @@ def check_outputs(plot_dir: str | None, output: str | None) -> None:
     for: `-o` into a folder that does not exist, `--plot` given a file name (it takes a folder,
     of which only the last level is made)."""
     if output is not None and not Path(output).parent.is_dir():
-        raise UserError(f"-o {output}: the folder {str(Path(output).parent)!r} does not exist "
+        raise UserError(f"cannot write {output}: {str(Path(output).parent)!r} is not an existing folder "
                         f"(moebench makes no folders for a report)")
     if plot_dir is not None:
         if Path(plot_dir).suffix.lower() in IMAGE_SUFFIXES:
             raise UserError(f"--plot {plot_dir}: takes a folder (PNG and SVG files are written into it), "
                             f"not an image's file name")
         if not Path(plot_dir).parent.is_dir():
-            raise UserError(f"--plot {plot_dir}: the folder {str(Path(plot_dir).parent)!r} does not exist "
-                            f"(--plot makes only its last folder)")
+            raise UserError(f"cannot write plots into {plot_dir}: {str(Path(plot_dir).parent)!r} is not an "
+                            f"existing folder (--plot makes only its last folder)")
 
 
 @dataclass(frozen=True)

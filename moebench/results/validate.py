@@ -18,7 +18,7 @@ import math
 from moebench.results.determinism_records import determinism_problems
 from moebench.results.schema import STATISTICS_OVER, RunResult
 from moebench.results.validate_fields import field_problems, pattern_problems
-from moebench.stats import summarize, summary_samples
+from moebench.stats import fraction_of, summarize, summary_samples
 from moebench.timing.audit import kernel_mismatch
 
 REL_TOL = 1e-4  # below what any view prints: ratios to 0.001, times to 0.01 µs
@@ -144,6 +144,11 @@ def _statistics(result: RunResult, samples) -> list[str]:
         summaries, ratios = summarize(samples, s.shapes, s.arms, s.ref, hbm, bw)
     except (ValueError, ZeroDivisionError) as err:
         return [f"summaries: cannot be recomputed from the samples ({err})"]
+    # A sharded sweep's shares are of each cell's own measured bandwidth.
+    cells = {c.shape: c.read_bandwidth_bytes_per_s for c in result.sharding.cells} if result.sharding else {}
+    summaries = tuple(dataclasses.replace(x, fraction_of_read_bandwidth=fraction_of(x.hbm_bandwidth_bytes_per_s,
+                                                                                    cells[x.shape]))
+                      if x.shape in cells else x for x in summaries)
     out = []
     stored = {(x.shape, x.arm): x for x in result.summaries}
     for x in summaries:
