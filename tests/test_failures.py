@@ -147,10 +147,10 @@ def test_keep_going_times_the_other_arms_and_reports_the_failing_one(tmp_path):
 
 
 def test_the_cli_exits_1_on_a_parity_failure_and_0_with_keep_going(tmp_path, monkeypatch, capsys):
-    import moebench.cli.run_cmd as run_cmd
+    import moebench.runner as runner  # `moebench run` imports the pipeline when it runs
     from moebench.cli import main
-    real = run_cmd.run
-    monkeypatch.setattr(run_cmd, "run", lambda req, **kw: real(req, backend(), **kw))
+    real = runner.run
+    monkeypatch.setattr(runner, "run", lambda req, **kw: real(req, backend(), **kw))
     argv = ["run", "--shape", "T8", "--arms", "fake-ref,fake-broken,fake-fast", "--rounds", "1", "--samples", "2",
             "--warmup", "0", "--aa", "none", "--out", str(tmp_path)]
     with pytest.raises(SystemExit) as code:
@@ -167,10 +167,10 @@ def test_the_cli_exits_1_on_a_parity_failure_and_0_with_keep_going(tmp_path, mon
 
 
 def test_the_cli_exits_1_on_a_failed_audit_and_keeps_the_result_marked(tmp_path, monkeypatch, capsys):
-    import moebench.cli.run_cmd as run_cmd
+    import moebench.runner as runner  # `moebench run` imports the pipeline when it runs
     from moebench.cli import main
-    real = run_cmd.run
-    monkeypatch.setattr(run_cmd, "run", lambda req, **kw: real(req, backend(drop_in_round=2), **kw))
+    real = runner.run
+    monkeypatch.setattr(runner, "run", lambda req, **kw: real(req, backend(drop_in_round=2), **kw))
     with pytest.raises(SystemExit) as code:
         main(["run", "--shape", "T8", "--arms", "fake-ref", "--rounds", "2", "--samples", "2", "--warmup", "0",
               "--aa", "none", "--out", str(tmp_path)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import moebench.cli.run_cmd as run_cmd
+import moebench.runner as runner
 from moebench.plan import sweep_shapes
 from moebench.errors import UserError
 from moebench.results.store import save
@@ -39,7 +39,7 @@ def fake_run(monkeypatch, tmp_path):
         result = sweep_result(req.shapes[0][0], ms, arms=req.arms, rounds=req.rounds, samples=req.samples)
         return result, save(result, tmp_path / "sweep.json")
 
-    monkeypatch.setattr(run_cmd, "run", run)
+    monkeypatch.setattr(runner, "run", run)  # `moebench run` imports the pipeline when it runs
     return requests
 
 
