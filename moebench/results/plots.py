@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import re
-
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
