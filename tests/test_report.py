@@ -228,6 +228,7 @@ def test_report_writes_docs_assets(tmp_path):
     """The command that regenerates the README's assets: Markdown linking the plots beside it."""
     path = save(make_result(rounds=3, samples=3), tmp_path / "run.json")
     docs = tmp_path / "docs"
+    docs.mkdir()  # a report makes no folder tree; --plot makes its own last folder
     code, out, err = run_cli(["report", str(path), "--format", "markdown", "--output", str(docs / "h200.md"),
                               "--plot", str(docs / "img"), "--prefix", "run-"])
     assert code == 0, err
