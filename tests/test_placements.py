@@ -121,7 +121,7 @@ def test_a_copy_that_fails_the_oracle_stops_the_run_naming_the_copy(tmp_path):
     PREPARED.clear()
     req = RunRequest(shapes=("T8",), arms=("placed-ref", "placed-bad"), rounds=3, samples=1, warmup=0,
                      out_dir=str(tmp_path), placements=3, placement_mode="rounds")
-    with pytest.raises(RunFailed, match="placed-bad at T8: placement 2 of 3: residual .* relative L2"):
+    with pytest.raises(RunFailed, match="placed-bad at T8: placement 2 of 3: residual .*relative L2"):
         run(req, backend())
     assert not list(tmp_path.iterdir())
 
