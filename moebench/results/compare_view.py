@@ -8,6 +8,7 @@ from typing import TextIO
 
 from moebench.results.compare import Comparison, Verdict, gate
 from moebench.results.schema import to_plain
+from moebench.results.verdicts import is_win
 from moebench.results.tables import make_console
 from moebench.significance import RESAMPLES
 
@@ -110,7 +111,7 @@ def render_markdown(c: Comparison, out: TextIO) -> None:
              _md_row(list(ARM_COLUMNS) + ["build changed"]), "|---|---|--:|--:|--:|--:|---|---|---|"]
     for verdict, cells in _arm_cells(c):
         cells[1] = f"`{cells[1]}`"
-        cells[6] = cells[6] if verdict is Verdict.SAME else f"**{cells[6]}**"
+        cells[6] = f"**{cells[6]}**" if is_win(verdict) else cells[6]
         lines.append(_md_row(cells))
     if c.ratios:
         lines += ["", "Paired ratios within each run (ref / arm; > 1: the arm is faster):", "",

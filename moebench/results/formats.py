@@ -45,6 +45,11 @@ def _summary(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
     out.write(render_summary(result))
 
 
+def _pr(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+    from moebench.results.pr_view import render_pr
+    out.write(render_pr(result))
+
+
 def _csv(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
     from moebench.results.csv_view import render_csv
     out.write(render_csv(result))
@@ -60,6 +65,7 @@ FORMATS: dict[str, Renderer] = {
     "kernels": _kernels,
     "markdown": _markdown,
     "summary": _summary,
+    "pr": _pr,
     "csv": _csv,
     "json": _json,
 }
