@@ -267,8 +267,10 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
         console.print(Text(f"  {line}", style="red"))
 
 
-WIDTH_WHEN_PIPED = 100  # rich falls back to 80 columns off a terminal; the default tables fit 100
-WIDE_WHEN_PIPED = 200  # `--wide` tables, written to a file or a pipe
+# Rich falls back to 80 columns off a terminal. The summary tables fit 100 and take no more; the
+# determinism table's long cells wrap less at 160.
+WIDTH_WHEN_PIPED = 160
+WIDE_WHEN_PIPED = 200  # `--wide` tables, whatever the width
 
 
 def make_console(file=None, wide: bool = False) -> Console:
