@@ -204,7 +204,7 @@ def _images(images: Sequence[Image]) -> str:
     return "\n".join(f"![{im.alt}]({im.link})" for im in images)
 
 
-def _provenance_facts(ix: ResultIndex) -> list[tuple[str, str]]:
+def provenance_facts(ix: ResultIndex) -> list[tuple[str, str]]:
     """The run's facts as (name, value) rows: GPU, clocks, commit, versions, timer, audit, options."""
     res, prov = ix.result, ix.result.provenance
     gpu = prov.gpu
@@ -236,7 +236,7 @@ def _provenance_facts(ix: ResultIndex) -> list[tuple[str, str]]:
 
 def _provenance(ix: ResultIndex) -> str:
     res = ix.result
-    blocks = [_table(["", ""], "ll", _provenance_facts(ix))]
+    blocks = [_table(["", ""], "ll", provenance_facts(ix))]
 
     blocks.append(_table(
         ["shape", "M K E top_k N", "seed", "balancedness", "HBM floor", "GFLOP", "fingerprint"], "lllrrrl",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from moebench.results.determinism_view import determinism_markdown
 from moebench.results.index import ResultIndex, mbytes, ratio, us
-from moebench.results.markdown import _provenance_facts, _table, _title, _warnings, bold_if, method_sentence
+from moebench.results.markdown import _table, _title, _warnings, bold_if, method_sentence, provenance_facts
 from moebench.results.schema import RunResult
 from moebench.results.verdicts import is_win, ratio_verdicts
 
@@ -42,6 +42,7 @@ def render_pr(result: RunResult, limit_bytes: int = PR_LIMIT_BYTES) -> str:
     else:
         head = "\n\n".join(p for p in (_title(ix), _warnings(ix)) if p)
     rows = result_rows(ix)
+    total_rows = len(rows)
     parts = _details_parts(ix)
     left_out: list[str] = []
     while True:
@@ -54,13 +55,13 @@ def render_pr(result: RunResult, limit_bytes: int = PR_LIMIT_BYTES) -> str:
             left_out.append(droppable[-1].name)
             continue
         if len(rows) <= 1:
-            return text
+            return text  # nothing left to cut: the head and the kept details alone are this long
         # Still too long with the details cut to the bone: the table's last rows go.
         cut = max(1, len(rows) // 10)
         rows = rows[:-cut]
         left_out = [n for n in left_out if not n.startswith("table rows")]
         left_out.append(f"table rows after {rows[-1][0]} `{_arm_name(rows[-1][1])}` "
-                        f"({len(result_rows(ix)) - len(rows)} rows)")
+                        f"({total_rows - len(rows)} rows)")
 
 
 def _arm_name(cell: str) -> str:
@@ -100,7 +101,7 @@ def _assemble(head: str, rows: list[list[str]], parts: Sequence[Part], left_out:
 
 def _details_parts(ix: ResultIndex) -> list[Part]:
     res = ix.result
-    facts = _table(["", ""], "ll", _provenance_facts(ix))
+    facts = _table(["", ""], "ll", provenance_facts(ix))
     command = "```sh\n" + shlex.join(res.provenance.command) + "\n```"
     fixtures = _table(
         ["shape", "M K E top_k N", "seed", "b", "HBM floor", "fingerprint"], "lllrrl",
