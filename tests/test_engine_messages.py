@@ -30,7 +30,7 @@ def test_log_records_and_warnings_are_kept_and_printed_nowhere(capsys):
         with captured_engine_messages() as kept:
             engine_log.warning("%s", FALLBACK)
             engine_log.warning("%s", FALLBACK)  # said twice (two shapes), kept once
-            engine_log.info("not a warning: dropped, as the engine's default level would")
+            engine_log.info("below the logger's level: never handled, so never kept")
             logging.getLogger("sglang.created.inside").warning("a logger born inside the block")
             warnings.warn("deprecated knob", DeprecationWarning)
         assert kept == [f"warning: {FALLBACK}", "warning: a logger born inside the block",

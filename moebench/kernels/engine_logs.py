@@ -26,16 +26,15 @@ def _text(record: logging.LogRecord) -> str:
 
 @contextmanager
 def captured_engine_messages() -> Iterator[list[str]]:
-    """Inside the block, warnings and log records of WARNING and above are kept in the yielded
-    list (in order, each once) and printed nowhere. Records are taken where every logger hands
-    them to its handlers (`Logger.callHandlers`), so a logger the engine creates inside the block,
-    with a handler of its own, is held too; the method is restored after."""
+    """Inside the block, warnings and the log records any logger would hand to its handlers (those
+    its level lets through) are kept in the yielded list (in order, each once) and printed
+    nowhere. Records are taken at `Logger.callHandlers`, so a logger the engine creates inside the
+    block, with a handler of its own, is held too; the method is restored after."""
     kept: list[str] = []
     call_handlers = logging.Logger.callHandlers
 
     def keep(self: logging.Logger, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING:
-            kept.append(_text(record))
+        kept.append(_text(record))
 
     logging.Logger.callHandlers = keep
     try:
