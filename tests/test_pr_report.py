@@ -16,7 +16,8 @@ from moebench.results.compare_view import render_markdown as compare_markdown
 from moebench.results.markdown import render_markdown
 from moebench.results.pr_view import render_pr
 from moebench.results.store import load
-from moebench.results.verdicts import Verdict, ratio_verdict, ratio_verdicts
+from moebench.results.ratio_verdicts import ratio_verdicts
+from moebench.results.verdicts import Verdict
 from result_factory import make_result, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +65,10 @@ def test_the_table_shows_each_ratio_with_its_range_and_verdict(four_shapes):
     rows = {(r[0], r[1].split("`")[1]): r for r in _rows(render_pr(four_shapes))}
     for r in four_shapes.ratios:
         shape, arm, us, ratio, verdict = rows[(r.shape, r.arm)]
-        assert ratio == f"{r.median:.3f}× [{r.low:.3f}, {r.high:.3f}]"
-        assert verdict.strip("*") == verdicts[(r.shape, r.arm)].value
+        v = verdicts[(r.shape, r.arm)]
+        assert ratio == f"{r.median:.3f}× [{v.ci[0]:.3f}, {v.ci[1]:.3f}]"
+        assert v.ci[0] <= r.median <= v.ci[1]
+        assert verdict.strip("*") == v.verdict.value
     ref_rows = [r for r in rows.values() if r[1].endswith("(ref)")]
     assert len(ref_rows) == len(four_shapes.settings.shapes) and all(r[4] == "ref" for r in ref_rows)
 
@@ -93,13 +96,6 @@ def test_cli_writes_the_pr_format():
 
 # --- bold marks a win, nothing else ---------------------------------------------------------
 
-@pytest.mark.parametrize("low, high, floor, verdict", [
-    (1.02, 1.10, None, Verdict.FASTER), (0.90, 0.98, None, Verdict.SLOWER), (0.99, 1.01, None, Verdict.AMBIGUOUS),
-    (0.99, 1.01, 0.02, Verdict.SAME), (1.01, 1.05, 0.02, Verdict.AMBIGUOUS), (1.03, 1.05, 0.02, Verdict.FASTER)])
-def test_ratio_verdict(low, high, floor, verdict):
-    assert ratio_verdict(low, high, floor) is verdict
-
-
 def _bold_rows(text: str) -> list[list[str]]:
     return [r for r in _rows(text) if any(c.startswith("**") for c in r)]
 
@@ -124,10 +120,10 @@ def test_markdown_bolds_a_ratio_only_when_its_verdict_is_a_win(four_shapes):
         if not m or (m[1], m[2]) not in verdicts:
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[5].startswith("**") == (verdicts[(m[1], m[2])] is Verdict.FASTER), line
+        assert cells[5].startswith("**") == (verdicts[(m[1], m[2])].verdict is Verdict.FASTER), line
         checked += 1
     assert checked == len(four_shapes.ratios)
-    slower = [k for k, v in verdicts.items() if v is Verdict.SLOWER]
+    slower = [k for k, v in verdicts.items() if v.verdict is Verdict.SLOWER]
     assert slower, "the file has arms slower than the reference"
 
 

@@ -19,7 +19,8 @@ from moebench.results.roofline_view import (FLOOR_HEADER, floor_cells, floor_not
 from moebench.results.schema import RunResult, Settings
 from moebench.results.tables import build_parity_by_arm, build_parity_text, incomplete_text
 from moebench.results.throttle import run_line
-from moebench.results.verdicts import is_win, ratio_verdicts
+from moebench.results.ratio_verdicts import ratio_verdicts
+from moebench.results.verdicts import is_win
 from moebench.timing.metrics import timed_metric
 
 
@@ -136,7 +137,7 @@ def _summary_table(ix: ResultIndex) -> str:
             if r is None:
                 cells += ["—", "—", "—"]
             else:
-                cells += [bold_if(ratio(r.median), is_win(verdicts[(shape, arm)])), f"{ratio(r.low)}–{ratio(r.high)}",
+                cells += [bold_if(ratio(r.median), is_win(verdicts[(shape, arm)].verdict)), f"{ratio(r.low)}–{ratio(r.high)}",
                           f"{r.rounds_won}/{r.rounds}"]
             if builds:
                 cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))

@@ -1,7 +1,8 @@
 """A RunResult as a pull-request paste (`report --format pr`): one table and a collapsed block.
 
 The table has a row per shape and arm: the median, the ratio against the reference with its
-range over rounds, and the ratio's verdict (results/verdicts.py: only a win is bold). The
+bootstrap interval, and the ratio's verdict against the run's noise floor (results/ratio_verdicts.py;
+only a win is bold, results/verdicts.is_win). The
 <details> block holds what a reviewer checks before trusting it: the method, the GPU and the
 software, the audit, the fixtures' fingerprints, each arm's build, and the command that redoes
 the run. A GitHub comment takes 65,536 characters: parts are dropped, last first, to stay
@@ -18,7 +19,8 @@ from moebench.results.determinism_view import determinism_markdown
 from moebench.results.index import ResultIndex, mbytes, ratio, us
 from moebench.results.markdown import _table, _title, _warnings, bold_if, method_sentence, provenance_facts
 from moebench.results.schema import RunResult
-from moebench.results.verdicts import is_win, ratio_verdicts
+from moebench.results.ratio_verdicts import ratio_verdicts
+from moebench.results.verdicts import is_win
 
 PR_LIMIT_BYTES = 60_000  # under GitHub's 65,536 characters a comment, with room for a line of text
 FULL_REPORT = "moebench report {file} --format markdown"
@@ -78,24 +80,26 @@ def result_rows(ix: ResultIndex) -> list[list[str]]:
                 name = f"`{arm}` (ref)" if arm == ix.ref else f"`{arm}`"
                 rows.append([shape, name, us(s.median_ns), "—", "ref" if arm == ix.ref else "—"])
                 continue
-            verdict = verdicts[(shape, arm)]
-            rows.append([shape, f"`{arm}`", us(s.median_ns), f"{ratio(r.median)} [{r.low:.3f}, {r.high:.3f}]",
-                         bold_if(verdict.value, is_win(verdict))])
+            v = verdicts[(shape, arm)]
+            rows.append([shape, f"`{arm}`", us(s.median_ns), f"{ratio(r.median)} [{v.ci[0]:.3f}, {v.ci[1]:.3f}]",
+                         bold_if(v.verdict.value, is_win(v.verdict))])
     return rows
 
 
 def _assemble(head: str, rows: list[list[str]], parts: Sequence[Part], left_out: Sequence[str]) -> str:
     ref = next((r[1] for r in rows if r[1].endswith("(ref)")), None)
-    vs = f"vs {ref.removesuffix(' (ref)')} [rounds]" if ref else "ratio [rounds]"
+    vs = f"vs {ref.removesuffix(' (ref)')} [95% CI]" if ref else "ratio [95% CI]"
     table = _table(["shape", "arm", "µs", vs, "verdict"], "llrrl", rows) if rows else ""
     body = [p.text for p in parts]
     if left_out:
         body.append("Left out to fit a comment: " + "; ".join(left_out) + ". The full report: `"
                     + FULL_REPORT.format(file="RESULT") + "`.")
     details = "<details><summary>Settings, provenance, command</summary>\n\n" + "\n\n".join(body) + "\n\n</details>"
-    legend = "" if not rows else ("µs: the median of round medians. Ratio: reference time / arm time, > 1: the arm is faster; "
-              "[rounds]: its lowest and highest round. Verdict: faster or slower when every round says so "
-              "beyond the run's noise floor, same within it, ambiguous otherwise.")
+    legend = "" if not rows else (
+        "µs: the median of round medians. Ratio: reference time / arm time (> 1: the arm is faster), "
+        "the median over paired rounds, with its bootstrap interval. Verdict: faster or slower where "
+        "the interval lies beyond the run's A/A noise floor and the rank test agrees, same inside it, "
+        "ambiguous otherwise (2% where the run measured no floor).\n")
     return "\n\n".join(p for p in (head, table, legend, details) if p) + "\n"
 
 

@@ -19,7 +19,8 @@ from moebench.results.roofline import arm_floor
 from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, share_text, sweep_floor_tables
 from moebench.results.schema import BuildParity, RunResult
 from moebench.results.throttle import run_line
-from moebench.results.verdicts import Verdict, ratio_verdicts
+from moebench.results.ratio_verdicts import ratio_verdicts
+from moebench.results.verdicts import Verdict
 from moebench.timing.metrics import timed_metric
 
 
@@ -137,7 +138,7 @@ VERDICT_STYLE = {Verdict.FASTER: "bold green", Verdict.SLOWER: "red", Verdict.SA
 
 def ratio_table(result: RunResult) -> Table | None:
     """ref-row / arm-row per round, median over rounds (> 1: the arm is faster), and its verdict
-    (results/verdicts.py; bold only for a win)."""
+    against the run's noise floor (results/ratio_verdicts.py; bold only for a win)."""
     if not result.ratios:
         return None
     verdicts = ratio_verdicts(result)
@@ -156,7 +157,7 @@ def ratio_table(result: RunResult) -> Table | None:
     for r in result.ratios:
         if last_shape is not None and r.shape != last_shape:
             t.add_section()
-        verdict = verdicts[(r.shape, r.arm)]
+        verdict = verdicts[(r.shape, r.arm)].verdict
         style = VERDICT_STYLE[verdict]
         cells = [r.shape if r.shape != last_shape else "", r.arm, Text(f"{r.median:.3f}", style=style),
                  f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}", Text(verdict.value, style=style)]

@@ -210,32 +210,6 @@ def judge(ci: tuple[float, float], p: float, threshold: Threshold, rules: Rules,
     return Verdict.AMBIGUOUS, f"the {rules.ci_name} straddles {edge}, an edge of the band {band}"
 
 
-def ratio_verdict(low: float, high: float, floor: float | None = None) -> Verdict:
-    """The verdict on one paired ratio of a run (ref / arm; > 1: the arm is faster), read from
-    its range over rounds [low, high] against the noise floor the run measured for it (none: 0):
-    FASTER when every round lies above 1 + floor, SLOWER when every round lies below 1 - floor,
-    SAME when all lie within it, else AMBIGUOUS (the rounds disagree). Views take a ratio row's
-    verdict only from here (through `ratio_verdicts`), so a better rule replaces this body alone."""
-    band = floor or 0.0
-    if low > 1 + band:
-        return Verdict.FASTER
-    if high < 1 - band:
-        return Verdict.SLOWER
-    if 1 - band <= low and high <= 1 + band:
-        return Verdict.SAME
-    return Verdict.AMBIGUOUS
-
-
-def ratio_verdicts(result) -> dict[tuple[str, str], Verdict]:
-    """Each ratio row of a RunResult, (shape, arm) -> its verdict; the floor is the larger of the
-    measured noise floors of the arm and the reference at that shape (RunResult.noise)."""
-    out = {}
-    for r in result.ratios:
-        floors = [f for f in (result.noise.get(r.shape, {}).get(a) for a in (r.arm, r.ref)) if f is not None]
-        out[(r.shape, r.arm)] = ratio_verdict(r.low, r.high, max(floors) if floors else None)
-    return out
-
-
 def is_win(verdict: Verdict) -> bool:
     """What a view may print in bold: a verdict that the arm (or build B) is faster, nothing else."""
     return verdict is Verdict.FASTER
