@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import textwrap
-
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
