@@ -27,6 +27,7 @@ from moebench.kernels.arm import Arm, PreparedCall, geometry_refusals
 from moebench.kernels.registry import make_arms
 from moebench.kernels.builds import compare_outputs
 from moebench.kernels.cuda_build import CudaBuildError
+from moebench.kernels.engine_logs import ENGINE_MESSAGES, messages_line
 from moebench.kernels.parity import References, check_parity
 from moebench.noise import copied_fixture
 from moebench.plan import ArmPlan, RunRequest, resolve_specs
@@ -153,6 +154,8 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
                 build_outputs[arm.name] = call.output.detach().clone()  # as parity's run left it
         build_parity.extend(_build_parity(spec.name, build_outputs, plan.build_base))
         del refs, build_outputs, firsts, more
+    for arm, by_shape in _engine_messages(infos).items():
+        log(messages_line(arm, by_shape))
     excluded = parity_exclusions(failures, req.keep_going, req.ref_arm)
     if excluded:
         log(excluded_line(failures))
@@ -264,3 +267,13 @@ def _fixture_info(s: dict) -> S.FixtureInfo:
                          s["balancedness"], s["fingerprint"], floors,
                          {k: float(v) for k, v in s["tokens_per_expert"].items()},
                          s.get("model", ""), s.get("layout", ""), s.get("config", ""))
+
+
+def _engine_messages(infos) -> dict[str, dict[str, list[str]]]:
+    """arm -> shape -> what its engine logged while it prepared (kernels/engine_logs.py)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for info in infos:
+        said = info.identity.get(ENGINE_MESSAGES)
+        if said:
+            out.setdefault(info.name, {})[info.shape] = list(said)
+    return out

@@ -39,7 +39,7 @@ def sweep_plots():
 def test_the_bandwidth_title_says_what_the_axis_shows():
     as_fraction = _plots(make_result(rounds=2, samples=2))["bandwidth"].figure.axes[0]
     assert as_fraction.get_ylabel() == "% of measured read bandwidth"
-    assert "% of the measured read bandwidth (4.30 TB/s)" in as_fraction.get_title()
+    assert "% of the measured read bandwidth (4.30 TB/s)" in as_fraction.get_title().replace("\n", " ")
     in_tb = _plots(make_result(rounds=2, samples=2, read_bandwidth=None))["bandwidth"].figure.axes[0]
     assert in_tb.get_ylabel() == "TB/s" and "TB/s" in in_tb.get_title() and "%" not in in_tb.get_title()
 
@@ -98,3 +98,46 @@ def test_written_plots_carry_the_separated_prefix(tmp_path):
     names = sorted(p.name for w in written for p in w.paths)
     assert "stock-A8-samples.png" in names and "stock-bandwidth.svg" in names
     assert all(n.startswith("stock-") for n in names)
+
+
+# --- one shape and fifteen: titles inside the figure, legends clear of every text ----------
+
+FIFTEEN = tuple(2**i for i in range(15))
+
+
+@pytest.fixture(scope="module", params=["one shape", "fifteen shapes"])
+def plots_at_scale(request):
+    if request.param == "one shape":
+        return _plots(make_result(shapes=("A8",), arms=ARMS, rounds=2, samples=2))
+    return _plots(sweep_result(ms=FIFTEEN, arms=ARMS, rounds=2, samples=2))
+
+
+def _texts(fig):
+    """Every title and axis text of a drawn figure, by what it is."""
+    texts = {"suptitle": fig._suptitle} if fig._suptitle is not None else {}
+    for i, ax in enumerate(fig.axes):
+        texts.update({f"axes {i} title": ax.title, f"axes {i} x label": ax.xaxis.label,
+                      f"axes {i} y label": ax.yaxis.label})
+        for j, tick in enumerate(ax.get_xticklabels() + ax.get_yticklabels()):
+            texts[f"axes {i} tick {j}"] = tick
+    return {name: t for name, t in texts.items() if t.get_text() and t.get_visible()}
+
+
+def test_titles_inside_and_legends_clear_of_text_at_one_shape_and_at_fifteen(plots_at_scale):
+    assert "bandwidth" in plots_at_scale
+    first = next(iter(plots_at_scale)).split("-")[0]  # per-shape plots are alike: the first shape's
+    for name, plot in plots_at_scale.items():
+        if name.split("-")[0] not in (first, "bandwidth", "sweep"):
+            continue
+        fig = _drawn(plot)
+        renderer = fig.canvas.get_renderer()
+        texts = _texts(fig)
+        for label, text in texts.items():
+            if "title" in label or label == "suptitle":
+                assert _inside(fig, text), f"{name}: {label} {text.get_text()!r} is cut off"
+        for legend in fig.legends:
+            box = legend.get_window_extent(renderer)
+            assert _inside(fig, legend), f"{name}: legend is cut off"
+            for label, text in texts.items():
+                assert not _overlaps(box, text.get_window_extent(renderer)), \
+                    f"{name}: the legend lies over {label} {text.get_text()!r}"

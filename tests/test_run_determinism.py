@@ -167,7 +167,7 @@ def test_a_run_without_the_flag_keeps_no_verdicts_and_no_column(tmp_path, monkey
     assert code == 0, err
     (path,) = tmp_path.glob("*.json")
     assert load(path).determinism == () and not checked
-    assert "┃ n ┃" in stdout and not re.search(r"┃\s*det\s*┃", stdout) and "determinism and batch invariance" not in stdout
+    assert re.search(r"┃ × floor ┃\n", stdout) and not re.search(r"┃\s*det\s*┃", stdout) and "determinism and batch invariance" not in stdout
     code, md, _ = run_cli(["report", str(path), "--format", "markdown"])
     assert code == 0 and " det |" not in md
 

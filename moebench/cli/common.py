@@ -22,6 +22,11 @@ max_fixture_gb_option = click.option(
     help="Refuse shapes whose fixture takes more host memory than this to build.")
 
 
+wide_option = click.option(
+    "--wide", is_flag=True,
+    help="Tables with every column (the default ones fit 100 columns: the floors' parts and sample counts left out).")
+
+
 trust_stored_option = click.option(
     "--trust-stored", is_flag=True,
     help="Read a result whose stored summaries or audit disagree with its samples (with a warning).")

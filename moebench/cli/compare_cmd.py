@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from moebench.cli import cli
-from moebench.cli.common import load_result, trust_stored_option
+from moebench.cli.common import load_result, trust_stored_option, wide_option
 from moebench.errors import UserError
 from moebench.choices import COMPARE_FORMAT_NAMES
 from moebench.results.verdicts import RULES_HELP, Rules, parse_fraction, parse_rules
@@ -47,12 +47,13 @@ class Rule(click.ParamType):
 @click.argument("b_path", metavar="B.json", type=click.Path(dir_okay=False))
 @click.option("--rule", "rules", type=Rule(), multiple=True, metavar="KEY:VALUE", help=RULES_HELP)
 @click.option("--threshold", type=Fraction(), default=None,
-              help="The same as --rule median:X [default: 2%].")
+              help="The same as --rule median:X [default: the two runs' measured noise floors combined; 2% where a run has none].")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit 1 if any arm got slower, or if either run has audit failures.")
 @click.option("--format", "fmt", type=click.Choice(list(COMPARE_FORMAT_NAMES)), default="table", show_default=True)
+@wide_option
 @trust_stored_option
-def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, trust_stored):
+def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, wide, trust_stored):
     """Compare run B against run A, per shape and arm, from the audited samples of each: medians
     with bootstrap intervals, a rank test, and a verdict with its reason: faster or slower (the
     change's interval lies beyond the band and the test agrees), same (within it), noisy (the
@@ -68,7 +69,7 @@ def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, trust_sto
     if a_label == b_label:
         a_label, b_label = a_path, b_path
     comparison = compare_results(a, b, judged_by, a_label, b_label)
-    COMPARE_FORMATS[fmt](comparison, sys.stdout)
+    COMPARE_FORMATS[fmt](comparison, sys.stdout, wide=wide)
     closed = gate(comparison) if fail_on_regression else None
     if closed:
         click.echo(f"moebench: {closed}", err=True)

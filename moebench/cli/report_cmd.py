@@ -7,7 +7,7 @@ import sys
 import click
 
 from moebench.cli import cli
-from moebench.cli.common import load_result, trust_stored_option
+from moebench.cli.common import load_result, trust_stored_option, wide_option
 from moebench.results.formats import FORMATS
 from moebench.results.report import make_report
 
@@ -26,10 +26,11 @@ from moebench.results.report import make_report
 @click.option("--ref", "ref", default=None, metavar="ARM",
               help="Take the ratios against this arm of the run instead of the run's reference "
                    "(recomputed from the samples: every arm ran in the same paired rounds).")
+@wide_option
 @trust_stored_option
-def report(result_path, fmt, plot_dir, output, prefix, ref, trust_stored):
-    """Print a saved run as a table, Markdown (for a pull request), CSV or JSON; plot it."""
+def report(result_path, fmt, plot_dir, output, prefix, ref, wide, trust_stored):
+    """Print a saved run as a table, Markdown, a pull-request paste (pr), CSV or JSON; plot it."""
     report = make_report(load_result(result_path, trust_stored), fmt, plot_dir, output, prefix, ref,
-                         stream=sys.stdout)
+                         stream=sys.stdout, wide=wide)
     for path in report.written:
         click.echo(f"wrote {path}", err=True)

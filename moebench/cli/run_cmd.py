@@ -25,6 +25,7 @@ from moebench.cli.common import (
     shape_option,
     shapes_file_option,
     triton_config_option,
+    wide_option,
 )
 from moebench.errors import UserError
 from moebench.failures import audit_failure
@@ -121,15 +122,16 @@ def _progress(console: Console, total: int):
 @click.option("--resume", "resume_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Finish the incomplete run saved in FILE, in place, with its own settings (any option given "
                    "beside it must be the file's): the remaining rounds only.")
+@wide_option
 @click.pass_context
 def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                 external_arms, ref, rounds, samples, warmup, flush, timer, graph, placements, placement_mode, order, order_seed, aa_arm,
                 noise_from,
                 triton_config, pdl, max_fixture_gb, keep_going, determinism, determinism_runs, cross_process, out_dir,
-                resume_path):
+                resume_path, wide):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     from moebench.runner import RunFailed, RunInterrupted, resume, run  # torch: not for --help
-    console = make_console()
+    console = make_console(wide=wide)
     req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
                       out_dir, graph=graph, placements=placements, placement_mode=placement_mode, order=order,
@@ -145,7 +147,7 @@ def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm,
     except (RunFailed, RunInterrupted) as err:
         click.echo(f"moebench: {'error: ' if isinstance(err, RunFailed) else ''}{err}", err=True)
         raise click.exceptions.Exit(err.exit_code) from None
-    print_tables(result, console)
+    print_tables(result, console, wide=wide)
     console.print(f"saved {path}")
     if not result.audit.passed:
         click.echo(f"moebench: error: {audit_failure(result, path, findings_lines(result, 3))}", err=True)
@@ -186,7 +188,7 @@ def _determinism_fields(determinism: bool, runs: int | None, cross_process: bool
 def _given(ctx: click.Context, req: RunRequest) -> dict:
     """The request fields named on the command line beside --resume (arm options by key)."""
     from click.core import ParameterSource
-    named = {k for k in ctx.params if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE} - {"resume_path"}
+    named = {k for k in ctx.params if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE} - {"resume_path", "wide"}
     if "out_dir" in named:
         raise UserError("--resume finishes FILE where it is: --out does not apply")
     named = {"sampler" if k == "graph" else k for k in named}  # --graph is the request's sampler

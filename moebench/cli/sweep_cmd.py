@@ -54,8 +54,9 @@ def sweep(ctx, family, ms, gpus, dry_run, resume, **run_options):
         raise click.exceptions.Exit(distributed.launch(gpus, argv, dry_run=dry_run))
     if not (dry_run or resume or distributed.launched_by_torchrun()):
         return ctx.invoke(run_command, shapes=shapes, **run_options)
+    wide = run_options.pop("wide")
     req = replace(run_request(shapes=shapes, **run_options), command=("moebench", *argv))
-    console = make_console()
+    console = make_console(wide=wide)
     outcome = distributed.sharded_sweep(req, dry_run=dry_run, resume=resume,
                                         log=lambda m: console.print(Text(m, style="dim")))
     if outcome is None:  # not rank 0
@@ -63,7 +64,7 @@ def sweep(ctx, family, ms, gpus, dry_run, resume, **run_options):
     result, path = outcome.result, outcome.path
     console.print(distributed_cells_table(result))
     if result.summaries:
-        print_tables(result, console)
+        print_tables(result, console, wide=wide)
     console.print(f"saved {path}")
     missing = result.sharding.missing
     if missing:

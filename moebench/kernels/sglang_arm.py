@@ -27,7 +27,7 @@ import importlib.util
 import sys
 import types
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -36,6 +36,7 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.engine_logs import ENGINE_MESSAGES, captured_engine_messages
 from moebench.kernels.triton_arms import TRITON_KERNELS, interpreter_requested, stock_workspace
 
 KERNEL_MODULE = "sglang.kernels.ops.moe.fused_moe_triton_kernels"
@@ -149,6 +150,10 @@ class Engine:
     configs: types.ModuleType
     stand_ins: dict[str, dict]  # empty when the engine imported whole
     pdl: _PdlSwitch | None
+    load_messages: tuple[str, ...] = ()  # what the engine logged while it loaded (engine_logs)
+    # What its config lookup logged, by weight shapes: the engine caches the lookup, so a later
+    # shape of the same geometry, resolved from the same table, logs nothing itself.
+    config_messages: dict = field(default_factory=dict)
 
     @property
     def identity(self) -> dict:
@@ -164,6 +169,18 @@ class Engine:
             if not hasattr(self, "_engine_pdl"):
                 self._engine_pdl = self.kernels.is_arch_support_pdl
             self.kernels.is_arch_support_pdl = self._engine_pdl if on else (lambda: False)
+
+    def lookup_config(self, w1_shape: tuple, w2_shape: tuple, top_k: int, M: int) -> tuple[dict, dict | None, list[str]]:
+        """The engine's own config resolution for these weights at M: the up and down configs,
+        and what the engine logged loading and resolving them (its table fallbacks), kept here
+        and printed nowhere."""
+        with self.resolving(), captured_engine_messages() as said:
+            config, (down_config, _) = self.configs.try_get_optimal_moe_config(
+                w1_shape, w2_shape, top_k, "fp8_w8a8", M, block_shape=[128, 128], return_down_config=True)
+        known = self.config_messages.setdefault((w1_shape, w2_shape), [])
+        known.extend(m for m in said if m not in known)
+        return (dict(config), dict(down_config) if down_config is not None else None,
+                list(dict.fromkeys([*self.load_messages, *known])))
 
     @contextmanager
     def resolving(self):
@@ -191,22 +208,24 @@ def load_engine() -> Engine:
     version = sglang_version()
     if version is None:
         raise UserError(f"SGLang is not installed ({INSTALL_HINT})")
-    try:
-        kernels = importlib.import_module(KERNEL_MODULE)
-        configs = importlib.import_module(CONFIG_MODULE)
-        _ENGINE = Engine(version, kernels, configs, {}, None)
-    except Exception:  # noqa: BLE001 (any missing dependency of the whole engine)
-        spec = importlib.util.find_spec("sglang")
-        root = Path(next(iter(spec.submodule_search_locations)))
-        pdl = _PdlSwitch()
-        stand_ins = _stand_ins(pdl)
+    with captured_engine_messages() as said:
         try:
-            with _installed(stand_ins):
-                kernels = _load_file(root, KERNEL_MODULE)
-                configs = _load_file(root, CONFIG_MODULE)
-        except Exception as err:  # noqa: BLE001
-            raise UserError(f"cannot load SGLang {version}'s fused-MoE modules: {type(err).__name__}: {err}") from None
-        _ENGINE = Engine(version, kernels, configs, stand_ins, pdl)
+            kernels = importlib.import_module(KERNEL_MODULE)
+            configs = importlib.import_module(CONFIG_MODULE)
+            engine = Engine(version, kernels, configs, {}, None)
+        except Exception:  # noqa: BLE001 (any missing dependency of the whole engine)
+            spec = importlib.util.find_spec("sglang")
+            root = Path(next(iter(spec.submodule_search_locations)))
+            pdl = _PdlSwitch()
+            stand_ins = _stand_ins(pdl)
+            try:
+                with _installed(stand_ins):
+                    kernels = _load_file(root, KERNEL_MODULE)
+                    configs = _load_file(root, CONFIG_MODULE)
+            except Exception as err:  # noqa: BLE001
+                raise UserError(f"cannot load SGLang {version}'s fused-MoE modules: {type(err).__name__}: {err}") from None
+            engine = Engine(version, kernels, configs, stand_ins, pdl)
+    _ENGINE = replace(engine, load_messages=tuple(said))
     return _ENGINE
 
 
@@ -249,12 +268,8 @@ class SglangArm(Arm):
 
         # The engine's own resolution, then what _prepare_fused_moe_run does with it.
         engine.set_pdl(self.pdl)
+        config, down_config, messages = engine.lookup_config(tuple(w1.shape), tuple(w2.shape), top_k, M)
         with engine.resolving():
-            config, (down_config, _) = engine.configs.try_get_optimal_moe_config(
-                tuple(w1.shape), tuple(w2.shape), top_k, "fp8_w8a8", M, block_shape=[128, 128],
-                return_down_config=True)
-            config = dict(config)
-            down_config = dict(down_config) if down_config is not None else None
             tma_ok = engine.kernels.support_tensor_descriptor()
             up_tma = tma_ok and config.pop("USE_TMA", False)
             down_tma = down_config is not None and tma_ok and down_config.pop("USE_TMA", False)
@@ -289,5 +304,7 @@ class SglangArm(Arm):
             **ws.identity,
             "not_the_engines": "SwiGLU, FP8 requant and combine are moebench's Triton kernels (as in `triton`)",
         }
+        if messages:
+            identity[ENGINE_MESSAGES] = messages
         return PreparedCall(arm=self.name, run=run, output=ws.out, kernels=SGLANG_KERNELS, identity=identity,
                             oracle="bf16-intermediates", workspace=ws)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from moebench.results.compare import Comparison, Verdict, gate
 from moebench.results.schema import to_plain
+from moebench.results.verdicts import is_win
 from moebench.results.tables import make_console
 from moebench.significance import RESAMPLES
 
@@ -72,45 +73,85 @@ def _ratio_cells(c: Comparison) -> list[tuple[Verdict, list[str]]]:
             for r in c.ratios]
 
 
-def render_table(c: Comparison, out: TextIO) -> None:
+# The terminal table's columns by default (fits 100 columns: medians alone, the change with its
+# interval, the verdict) and with --wide (every column of the Markdown). Numbers never wrap; text folds.
+NARROW_ARM = (0, 1, "A µs", "B µs", 4, 6)
+NUMBER_COLUMNS = {"A µs", "B µs", "A", "B", "change", "p"}
+
+
+def _narrow(cells: list[str], a_median: str, b_median: str) -> list[str]:
+    return [cells[0], cells[1], a_median, b_median, cells[4], cells[6]]
+
+
+def _rich_table(title: str, header: Sequence[str], rows: list[tuple[Verdict, list[str]]], caption: str = ""):
     from rich.table import Table
     from rich.text import Text
 
-    console = make_console(out)
+    t = Table(title=title, title_justify="left", caption=caption or None, caption_justify="left")
+    for name in header:
+        number = name in NUMBER_COLUMNS or name.startswith("change")
+        t.add_column(name, justify="right" if number else "left", no_wrap=number or name == "verdict",
+                     overflow="ellipsis" if number else "fold")
+    for verdict, cells in rows:
+        cells = list(cells)
+        cells[header.index("verdict")] = Text(cells[header.index("verdict")], style=VERDICT_STYLE[verdict])
+        t.add_row(*cells)
+    return t
+
+
+def render_table(c: Comparison, out: TextIO, wide: bool = False) -> None:
+    console = make_console(out, wide)
     builds = any(a.identity_changed for a in c.arms)
-    t = Table(title=_headline(c), title_justify="left", caption=_method(c), caption_justify="left")
-    for name in ARM_COLUMNS + (("build changed",) if builds else ()):
-        t.add_column(name, justify="left" if name in ("shape", "arm", "verdict", "why", "build changed") else "right",
-                     overflow="fold", no_wrap=name in ("arm", "verdict"))
-    for verdict, cells in _arm_cells(c):
-        style = VERDICT_STYLE[verdict]
-        cells[6] = Text(cells[6], style=style or "")
-        t.add_row(*(cells if builds else cells[:-1]))
-    console.print(t)
+    change = f"change [{c.rules.ci_name}]"
+    if wide:
+        header = list(ARM_COLUMNS) + (["build changed"] if builds else [])
+        rows = [(v, cells if builds else cells[:-1]) for v, cells in _arm_cells(c)]
+    else:
+        header = ["shape", "arm", "A µs", "B µs", change, "verdict"]
+        rows = [(a.verdict, _narrow(cells, _us(a.a_median_ns), _us(a.b_median_ns)))
+                for a, (_v, cells) in zip(c.arms, _arm_cells(c))]
+    console.print(_rich_table(_headline(c), header, rows, _method(c)))
     if c.ratios:
-        r_t = Table(title="paired ratios within each run (ref / arm; > 1: the arm is faster)", title_justify="left")
-        for name in RATIO_COLUMNS:
-            r_t.add_column(name, justify="left" if name in ("shape", "arm / ref", "verdict", "why") else "right",
-                           overflow="fold", no_wrap=name in ("arm / ref", "verdict"))
-        for verdict, cells in _ratio_cells(c):
-            style = VERDICT_STYLE[verdict]
-            cells[6] = Text(cells[6], style=style or "")
-            r_t.add_row(*cells)
-        console.print(r_t)
+        title = "paired ratios within each run (ref / arm; > 1: the arm is faster)"
+        if wide:
+            header, rows = list(RATIO_COLUMNS), _ratio_cells(c)
+        else:
+            header = ["shape", "arm / ref", "A", "B", change, "verdict"]
+            rows = [(r.verdict, _narrow(cells, f"{r.a_median:.3f}×", f"{r.b_median:.3f}×"))
+                    for r, (_v, cells) in zip(c.ratios, _ratio_cells(c))]
+        console.print(_rich_table(title, header, rows))
+    if not wide:
+        for line in _why_lines(c):
+            console.print(line, highlight=False)
     for note in c.notes:
         console.print(f"note: {note}", highlight=False)
+
+
+def _why_lines(c: Comparison) -> list[str]:
+    """Under the narrow tables: each verdict's reason and the builds that changed, one line per
+    group of rows that share them."""
+    groups: dict[str, list[str]] = {}
+    for a in c.arms:
+        groups.setdefault(f"{a.verdict.value}: {_why(a.reason)}", []).append(f"{a.shape} {a.arm}")
+    for r in c.ratios:
+        groups.setdefault(f"{r.verdict.value} (ratio): {_why(r.reason)}", []).append(f"{r.shape} {r.arm}/{r.ref}")
+    lines = [f"{why} — {', '.join(rows) if len(rows) <= 4 else f'{len(rows)} rows'}" for why, rows in groups.items()]
+    changed = sorted({f"{a.arm}" for a in c.arms if a.identity_changed})
+    if changed:
+        lines.append(f"build identity changed: {', '.join(changed)} (--wide: which keys)")
+    return lines + ["--wide: intervals of each median, p values and reasons in the tables"]
 
 
 def _md_row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def render_markdown(c: Comparison, out: TextIO) -> None:
+def render_markdown(c: Comparison, out: TextIO, wide: bool = False) -> None:
     lines = [f"### moebench compare: {_headline(c)}", "", _method(c), "",
              _md_row(list(ARM_COLUMNS) + ["build changed"]), "|---|---|--:|--:|--:|--:|---|---|---|"]
     for verdict, cells in _arm_cells(c):
         cells[1] = f"`{cells[1]}`"
-        cells[6] = cells[6] if verdict is Verdict.SAME else f"**{cells[6]}**"
+        cells[6] = f"**{cells[6]}**" if is_win(verdict) else cells[6]
         lines.append(_md_row(cells))
     if c.ratios:
         lines += ["", "Paired ratios within each run (ref / arm; > 1: the arm is faster):", "",
@@ -124,14 +165,14 @@ def render_markdown(c: Comparison, out: TextIO) -> None:
     out.write("\n".join(lines).replace("|  |", "| |") + "\n")
 
 
-def render_json(c: Comparison, out: TextIO) -> None:
+def render_json(c: Comparison, out: TextIO, wide: bool = False) -> None:
     plain = to_plain(c)
     plain["regressions"] = [f"{a.shape}/{a.arm}" for a in c.regressions]
     plain["gate"] = gate(c)
     out.write(json.dumps(plain, indent=1) + "\n")
 
 
-COMPARE_FORMATS: dict[str, Callable[[Comparison, TextIO], None]] = {
+COMPARE_FORMATS: dict[str, Callable[..., None]] = {  # (comparison, out, wide=False)
     "table": render_table,
     "markdown": render_markdown,
     "json": render_json,

@@ -1,7 +1,8 @@
 """Output formats of `moebench report`: a registry, name -> renderer.
 
 A renderer writes one finished RunResult to a text stream; `images` are plots already
-written for it (only formats that can show pictures use them).
+written for it (only formats that can show pictures use them); `wide` asks the terminal
+tables for every column.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ from moebench.results.markdown import Image
 from moebench.results.schema import RunResult
 from moebench.timing.metrics import timed_metric
 
-Renderer = Callable[[RunResult, TextIO, Sequence[Image]], None]
+Renderer = Callable[..., None]  # (result, out, images, *, wide=False): `wide` is for terminal tables
 
 
-def _table(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+def _table(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
     from moebench.results.tables import make_console, print_tables
-    print_tables(result, make_console(out))
+    print_tables(result, make_console(out, wide), wide=wide)
 
 
-def _kernels(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+def _kernels(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
     from moebench.results.tables import kernel_table, make_console, referee_table
     from moebench.stats import kernel_summaries, referee_checks
-    console = make_console(out)
+    console = make_console(out, wide)
     kernels = kernel_summaries(result)
     if not kernels:
         console.print(f"no per-kernel durations: its samples hold no matching kernel records "
@@ -35,22 +36,27 @@ def _kernels(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
             console.print(table)
 
 
-def _markdown(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+def _markdown(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
     from moebench.results.markdown import render_markdown
     out.write(render_markdown(result, images))
 
 
-def _summary(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+def _summary(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
     from moebench.results.markdown import render_summary
     out.write(render_summary(result))
 
 
-def _csv(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+def _pr(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
+    from moebench.results.pr_view import render_pr
+    out.write(render_pr(result))
+
+
+def _csv(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
     from moebench.results.csv_view import render_csv
     out.write(render_csv(result))
 
 
-def _json(result: RunResult, out: TextIO, images: Sequence[Image]) -> None:
+def _json(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
     from moebench.results.store import dumps
     out.write(dumps(result))
 
@@ -60,6 +66,7 @@ FORMATS: dict[str, Renderer] = {
     "kernels": _kernels,
     "markdown": _markdown,
     "summary": _summary,
+    "pr": _pr,
     "csv": _csv,
     "json": _json,
 }

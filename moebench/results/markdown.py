@@ -19,6 +19,8 @@ from moebench.results.roofline_view import (FLOOR_HEADER, floor_cells, floor_not
 from moebench.results.schema import RunResult, Settings
 from moebench.results.tables import build_parity_by_arm, build_parity_text, incomplete_text
 from moebench.results.throttle import run_line
+from moebench.results.ratio_verdicts import ratio_verdicts
+from moebench.results.verdicts import is_win
 from moebench.timing.metrics import timed_metric
 
 
@@ -106,6 +108,11 @@ def _table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[
     return "\n".join(out)
 
 
+def bold_if(text: str, win: bool) -> str:
+    """Bold marks a win (verdicts.is_win) and nothing else: a regression in bold reads as good news."""
+    return f"**{text}**" if win else text
+
+
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -121,6 +128,7 @@ def _summary_table(ix: ResultIndex) -> str:
     if det:
         header.append("det")
     floors = shape_floors(ix.result)
+    verdicts = ratio_verdicts(ix.result)
     rows = []
     for shape in ix.shapes:
         for arm in ix.arms_at(shape):
@@ -131,7 +139,7 @@ def _summary_table(ix: ResultIndex) -> str:
             if r is None:
                 cells += ["—", "—", "—"]
             else:
-                cells += [f"**{ratio(r.median)}**", f"{ratio(r.low)}–{ratio(r.high)}",
+                cells += [bold_if(ratio(r.median), is_win(verdicts[(shape, arm)].verdict)), f"{ratio(r.low)}–{ratio(r.high)}",
                           f"{r.rounds_won}/{r.rounds}"]
             if builds:
                 cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))
@@ -199,7 +207,8 @@ def _images(images: Sequence[Image]) -> str:
     return "\n".join(f"![{im.alt}]({im.link})" for im in images)
 
 
-def _provenance(ix: ResultIndex) -> str:
+def provenance_facts(ix: ResultIndex) -> list[tuple[str, str]]:
+    """The run's facts as (name, value) rows: GPU, clocks, commit, versions, timer, audit, options."""
     res, prov = ix.result, ix.result.provenance
     gpu = prov.gpu
     facts = []
@@ -226,7 +235,12 @@ def _provenance(ix: ResultIndex) -> str:
     ]
     if res.settings.options:
         facts.append(("options", ", ".join(f"{k}={_short(v)}" for k, v in sorted(res.settings.options.items()))))
-    blocks = [_table(["", ""], "ll", facts)]
+    return facts
+
+
+def _provenance(ix: ResultIndex) -> str:
+    res = ix.result
+    blocks = [_table(["", ""], "ll", provenance_facts(ix))]
 
     blocks.append(_table(
         ["shape", "M K E top_k N", "seed", "balancedness", "HBM floor", "GFLOP", "fingerprint"], "lllrrrl",

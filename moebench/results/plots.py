@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import re
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,8 +90,8 @@ def ratios_plot(ix: ResultIndex, shape: str) -> Plot | None:
     ax.set_xticks(list(ix.rounds), [str(r) for r in ix.rounds])
     ax.set_xlabel("round")
     ax.set_ylabel(f"{ix.ref} time / arm time")
-    ax.set_title(f"{shape}: paired ratio per round (> 1: the arm is faster)")
     _legend_outside(fig, ax)
+    _fit_title(fig, ax, f"{shape}: paired ratio per round (> 1: the arm is faster)")
     return Plot(f"{shape}-ratios", f"{shape}: paired ratio per round", fig)
 
 
@@ -125,12 +126,13 @@ def bandwidth_plot(ix: ResultIndex) -> Plot:
         ax.set_ylim(0, max(100, *(100 * s.fraction_of_read_bandwidth for s in summaries)) * 1.08)
         read = ix.result.provenance.gpu.read_bandwidth_bytes_per_s if ix.result.provenance.gpu else None
         of = f" ({read / 1e12:.2f} TB/s)" if read else ""
-        ax.set_title(f"HBM floor bytes / median time, as % of the measured read bandwidth{of}")
+        title = f"HBM floor bytes / median time, as % of the measured read bandwidth{of}"
     else:
         ax.set_ylabel("TB/s")
-        ax.set_title("HBM floor bytes / median time, TB/s (no read bandwidth measured)")
+        title = "HBM floor bytes / median time, TB/s (no read bandwidth measured)"
     ax.set_xticks(range(len(ix.shapes)), list(ix.shapes))
     _legend_outside(fig, ax, "right")
+    _fit_title(fig, ax, title)
     ax.grid(axis="x", visible=False)
     return Plot("bandwidth", "HBM-floor bandwidth per arm", fig)
 
@@ -161,8 +163,8 @@ def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("median µs")
-        ax.set_title(f"family {family}: duration against M — {ix.metric.plot_label}")
         _legend_outside(fig, ax, "right")
+        _fit_title(fig, ax, f"family {family}: duration against M — {ix.metric.plot_label}")
         yield Plot(f"sweep-{family}-duration", f"family {family}: duration against M", fig)
 
         compared = [a for a in ix.arms if any(ix.ratio(f.name, a) for f in fixtures)]
@@ -180,8 +182,8 @@ def sweep_plots(ix: ResultIndex) -> Iterator[Plot]:
             ax.errorbar(xs, med, yerr=err, marker="o", capsize=2, color=colors[arm], label=f"{ix.ref} / {arm}")
         _log2_m_axis(ax, ms)
         ax.set_ylabel(f"speedup over {ix.ref} (×)")
-        ax.set_title(f"family {family}: speedup against M (median; bars: range over rounds)")
         _legend_outside(fig, ax, "right")
+        _fit_title(fig, ax, f"family {family}: speedup against M (median; bars: range over rounds)")
         yield Plot(f"sweep-{family}-speedup", f"family {family}: speedup against M", fig)
 
 
@@ -192,6 +194,21 @@ def _legend_outside(fig: Figure, ax, where: str = "below") -> None:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8)
     else:
         fig.legend(handles, labels, loc="outside lower center", fontsize=8)
+
+
+def _fit_title(fig: Figure, ax, text: str) -> None:
+    """The axes' title, broken into lines at spaces until it is no wider than the axes: centred
+    over them, it then stays inside the figure and clear of a legend beside them. Widths are read
+    from a layout pass (the figure's renderer), as drawn."""
+    ax.set_title(text)
+    for _ in range(4):
+        fig.draw_without_rendering()
+        title, box = ax.title.get_window_extent(), ax.get_window_extent()
+        if title.width <= box.width:
+            return
+        longest = max(len(line) for line in ax.get_title().splitlines())
+        width = max(12, int(longest * box.width / title.width) - 1)
+        ax.set_title(textwrap.fill(text, width))
 
 
 def _log2_m_axis(ax, ms: list[int]) -> None:

@@ -42,7 +42,8 @@ class Report:
 
 
 def make_report(result: RunResult, fmt: str, plot_dir: str | None = None, output: str | None = None,
-                prefix: str = "", ref: str | None = None, stream: TextIO | None = None) -> Report:
+                prefix: str = "", ref: str | None = None, stream: TextIO | None = None,
+                wide: bool = False) -> Report:
     """Render the report to the file `output`, else to `stream` (a terminal keeps its width and
     colours), else only into the returned text; and say which files were written."""
     from moebench.results.index import ResultIndex
@@ -67,7 +68,7 @@ def make_report(result: RunResult, fmt: str, plot_dir: str | None = None, output
             images.append(Image(plot.title, Path(link).as_posix()))
             written.append(f"{png} and .svg")
     text = io.StringIO() if output is not None or stream is None else stream
-    FORMATS[fmt](result, text, images)
+    FORMATS[fmt](result, text, images, wide=wide)
     if text is stream:
         return Report("", tuple(written))
     if output is not None:

@@ -92,16 +92,20 @@ def sweep_floor_rows(ix: ResultIndex) -> list[tuple[str, list[str], list[list[st
     return out
 
 
-def sweep_floor_tables(ix: ResultIndex):
-    """sweep_floor_rows as rich tables, one per family, the note as their caption."""
+def sweep_floor_tables(ix: ResultIndex, wide: bool = False):
+    """sweep_floor_rows as rich tables, one per family. By default the M column names the shape
+    and each arm's column is headed by the arm alone (the title says what it is), so that the
+    table fits 100 columns; `wide` keeps the rows' every column."""
     from rich.table import Table
     tables = []
     for family, header, rows in sweep_floor_rows(ix):
         t = Table(title=f"family {family}: floors against M (µs) and each arm's median over the binding floor",
                   title_justify="left")
-        for i, col in enumerate(header):
-            t.add_column(col, justify="left" if i == 1 or col == "binding" else "right", no_wrap=True)
+        keep = list(range(len(header))) if wide else [i for i, col in enumerate(header) if col != "shape"]
+        for i in keep:
+            col = header[i] if wide else header[i].removesuffix(" × floor")
+            t.add_column(col, justify="left" if col in ("shape", "binding") else "right", no_wrap=True)
         for row in rows:
-            t.add_row(*row)
+            t.add_row(*(row[i] for i in keep))
         tables.append(t)
     return tables

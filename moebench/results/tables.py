@@ -6,6 +6,8 @@ RatioSummary, Audit, Settings); this module only formats it (ns shown as µs).
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -17,6 +19,8 @@ from moebench.results.roofline import arm_floor
 from moebench.results.roofline_view import FLOOR_HEADER, floor_cells, floor_note, share_text, sweep_floor_tables
 from moebench.results.schema import BuildParity, RunResult
 from moebench.results.throttle import run_line
+from moebench.results.ratio_verdicts import ratio_verdicts
+from moebench.results.verdicts import Verdict
 from moebench.timing.metrics import timed_metric
 
 
@@ -85,25 +89,32 @@ def build_parity_by_arm(result: RunResult) -> dict[tuple[str, str], BuildParity]
     return {(p.shape, p.arm): p for p in result.build_parity}
 
 
-def summary_table(result: RunResult) -> Table:
-    """One row per (shape, arm): median of round medians, their range, span, bandwidth."""
+# The summary's columns: (header, justify, shown by default). The default set fits 100 columns for
+# every committed run; `--wide` adds the rest (the floors' parts and the sample count).
+SUMMARY_COLUMNS = (
+    ("shape", "left", True), ("arm", "left", True), ("median", "right", True), ("rows min–max", "right", True),
+    ("span", "right", True), ("n", "right", False), ("floor TB/s", "right", False), ("% read BW", "right", True),
+    ("HBM floor µs", "right", False), ("FP8 floor µs", "right", False), ("binding", "left", False),
+    ("× floor", "right", True),
+)
+
+
+def summary_table(result: RunResult, wide: bool = False) -> Table:
+    """One row per (shape, arm): median of round medians, their range, span, bandwidth, floors."""
     metric = timed_metric(result.settings.timer)
     note = "" if metric.reference else f" ({metric.plot_label})"
     floors = shape_floors(result)
-    t = Table(title="moebench run — durations in µs (median of round medians; n = samples)" + note,
-              title_justify="left", caption="\n".join(filter(None, (timer_label(result), floor_note(ResultIndex(result))))),
+    shown = [wide or default for _name, _justify, default in SUMMARY_COLUMNS]
+    more = "" if wide else " · --wide: every column"
+    t = Table(title="moebench run — durations in µs (median of round medians)" + note,
+              title_justify="left",
+              caption="\n".join(filter(None, (timer_label(result) + more, floor_note(ResultIndex(result))))),
               caption_justify="left")
-    t.add_column("shape", style="bold", no_wrap=True)
-    t.add_column("arm", no_wrap=True)
-    t.add_column("median", justify="right", style="bold", no_wrap=True)
-    t.add_column("rows min–max", justify="right", no_wrap=True)
-    t.add_column("span", justify="right", no_wrap=True)
-    t.add_column("n", justify="right", no_wrap=True)
-    t.add_column("floor TB/s", justify="right", no_wrap=True)
-    # the two floor shares may carry "(floor understated)": they wrap rather than lose it
-    t.add_column("% read BW", justify="right")
-    for col in FLOOR_HEADER:
-        t.add_column(col, justify="left" if col == "binding" else "right", no_wrap=col != "× floor")
+    for (name, justify, _default), show in zip(SUMMARY_COLUMNS, shown):
+        if show:
+            # the two floor shares may carry "(floor understated)": they wrap rather than lose it
+            t.add_column(name, justify=justify, no_wrap=name not in ("% read BW", "× floor"),
+                         style="bold" if name in ("shape", "median") else None)
     det = verdicts_by_unit(result.determinism)
     if det:
         t.add_column("det")  # wraps: the other columns keep their numbers whole
@@ -115,6 +126,7 @@ def summary_table(result: RunResult) -> Table:
                  f"{us(s.min_ns)}–{us(s.max_ns)}", us(s.span_median_ns), str(s.samples),
                  "—" if s.hbm_bandwidth_bytes_per_s is None else f"{s.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
                  share_text(arm_floor(s, floors.get(s.shape))), *floor_cells(floors, s.shape, s.median_ns)]
+        cells = [c for c, show in zip(cells, shown) if show]
         if det:
             cells.append(det_text(det.get((s.shape, s.arm))))
         t.add_row(*cells)
@@ -122,16 +134,23 @@ def summary_table(result: RunResult) -> Table:
     return t
 
 
+VERDICT_STYLE = {Verdict.FASTER: "bold green", Verdict.SLOWER: "red", Verdict.SAME: "", Verdict.AMBIGUOUS: "yellow",
+                 Verdict.NOISY: "yellow"}
+
+
 def ratio_table(result: RunResult) -> Table | None:
-    """ref-row / arm-row per round, median over rounds (> 1: the arm is faster)."""
+    """ref-row / arm-row per round, median over rounds (> 1: the arm is faster), and its verdict
+    against the run's noise floor (results/ratio_verdicts.py; bold only for a win)."""
     if not result.ratios:
         return None
+    verdicts = ratio_verdicts(result)
     t = Table(title=f"ratios vs {result.settings.ref} (> 1 favours the arm)", title_justify="left")
     t.add_column("shape", style="bold", no_wrap=True)
     t.add_column("arm", no_wrap=True)
-    t.add_column("ratio", justify="right", style="bold")
-    t.add_column("low–high", justify="right")
-    t.add_column("rounds won", justify="right")
+    t.add_column("ratio", justify="right", no_wrap=True)
+    t.add_column("low–high", justify="right", no_wrap=True)
+    t.add_column("rounds won", justify="right", no_wrap=True)
+    t.add_column("verdict", no_wrap=True)
     builds = build_parity_by_arm(result)
     if builds:
         base = result.build_parity[0].base
@@ -140,9 +159,10 @@ def ratio_table(result: RunResult) -> Table | None:
     for r in result.ratios:
         if last_shape is not None and r.shape != last_shape:
             t.add_section()
-        style = "green" if r.low > 1 else "red" if r.high < 1 else ""
+        verdict = verdicts[(r.shape, r.arm)].verdict
+        style = VERDICT_STYLE[verdict]
         cells = [r.shape if r.shape != last_shape else "", r.arm, Text(f"{r.median:.3f}", style=style),
-                 f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}"]
+                 f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}", Text(verdict.value, style=style)]
         if builds:
             cells.append(build_parity_text(builds.get((r.shape, r.arm)), r.arm, result))
         t.add_row(*cells)
@@ -200,7 +220,7 @@ def referee_table(checks) -> Table | None:
     for col in ("shape", "arm", "referee", "call"):
         t.add_column(col, no_wrap=True, justify="right" if col == "call" else "left")
     for lab in labels:
-        t.add_column(lab, justify="right")
+        t.add_column(lab, justify="right", overflow="fold")  # a long kernel label folds; its number never does
     t.add_column("check")
     for c in checks:
         t.add_row(c.shape, c.arm, c.referee, f"{c.call_ratio:.3f}",
@@ -219,7 +239,8 @@ def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
     return lines
 
 
-def print_tables(result: RunResult, console: Console | None = None, *, kernels: bool = False) -> None:
+def print_tables(result: RunResult, console: Console | None = None, *, kernels: bool = False,
+                 wide: bool = False) -> None:
     from moebench.stats import kernel_summaries, placement_summaries, referee_checks
     console = console or make_console()
     if result.determinism:
@@ -229,8 +250,8 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     partial = incomplete_text(result)
     if partial:
         console.print(Text(f"INCOMPLETE: {partial}", style="bold yellow"))
-    console.print(summary_table(result))
-    for table in sweep_floor_tables(ResultIndex(result)):
+    console.print(summary_table(result, wide))
+    for table in sweep_floor_tables(ResultIndex(result), wide):
         console.print(table)
     ratios = ratio_table(result)
     if ratios is not None:
@@ -249,10 +270,19 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
         console.print(Text(f"  {line}", style="red"))
 
 
-WIDTH_WHEN_PIPED = 160  # rich falls back to 80 columns off a terminal, which cuts µs columns
+# Rich falls back to 80 columns off a terminal. The summary tables fit 100 and take no more; the
+# determinism table's long cells wrap less at 160.
+WIDTH_WHEN_PIPED = 160
+WIDE_WHEN_PIPED = 200  # `--wide` tables, whatever the width
 
 
-def make_console(file=None) -> Console:
-    """A rich console that keeps its tables whole when written to a file or a pipe."""
+def make_console(file=None, wide: bool = False) -> Console:
+    """A rich console that keeps its tables whole when written to a file or a pipe. COLUMNS, where
+    set, is the width, as rich reads it; else the terminal's, else a fixed width. A `wide` console
+    is never narrower than WIDE_WHEN_PIPED: every column was asked for, whole (a terminal wraps it)."""
     probe = Console(file=file, markup=False)
-    return probe if probe.is_terminal else Console(file=file, width=WIDTH_WHEN_PIPED, markup=False)
+    if wide:
+        return Console(file=file, width=max(probe.width, WIDE_WHEN_PIPED), markup=False)
+    if probe.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return probe
+    return Console(file=file, width=WIDTH_WHEN_PIPED, markup=False)

@@ -211,3 +211,8 @@ def judge(ci: tuple[float, float], p: float, threshold: Threshold, rules: Rules,
         return Verdict.NOISY, why + ": these runs cannot tell"
     edge = f"+{t:.1%}" if high > t else f"-{t:.1%}"
     return Verdict.AMBIGUOUS, f"the {rules.ci_name} straddles {edge}, an edge of the band {band}"
+
+
+def is_win(verdict: Verdict) -> bool:
+    """What a view may print in bold: a verdict that the arm (or build B) is faster, nothing else."""
+    return verdict is Verdict.FASTER

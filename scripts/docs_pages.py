@@ -1,11 +1,12 @@
-"""Regenerate README.md's result sections and docs/h200/ from the committed H200 runs (and the
-H100 view of the fused sweeps from results/h100/).
+"""Regenerate the result pages under docs/ (one folder per GPU: docs/h200/, docs/h100/) and the
+generated sections of README.md and the docs pages, from the runs committed under results/.
 
 Every number in those sections is printed by `moebench report` / `moebench compare` from a
-RunResult under results/, or read from one here; nothing is typed by hand. Each
-section sits between `<!-- moebench:NAME -->` and `<!-- /moebench:NAME -->` in README.md.
+RunResult under results/, or read from one here; nothing is typed by hand. Each section sits
+between `<!-- moebench:NAME -->` and `<!-- /moebench:NAME -->` in one of PAGES. The README's
+headline table is `moebench report results/h200/all-arms.json --format pr`, its table alone.
 
-    python scripts/readme_assets.py
+    python scripts/docs_pages.py
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "h200"
-DOCS = ROOT / "docs" / "h200"
 
-# Runs with a full report page (and plots) under docs/h200/.
-REPORTS = {"all-arms": "all-arms.json", "stock-referee": "stock-referee.json",
-           "sweep-A": "sweep-A.json.gz", "sweep-Q": "sweep-Q.json.gz",
-           "sweep-fused-A": "sweep-fused-A.json.gz", "sweep-fused-Q": "sweep-fused-Q.json.gz"}
+# Pages with generated sections; each section's markers are in exactly one of them.
+PAGES = ("README.md", "docs/h200/results.md", "docs/h100/results.md", "docs/measurement.md",
+         "docs/determinism.md", "docs/usage.md")
+
+# Per GPU, the runs with a full report page (and plots) under docs/<gpu>/.
+REPORTS = {
+    "h200": {"all-arms": "all-arms.json", "stock-referee": "stock-referee.json",
+             "sweep-A": "sweep-A.json.gz", "sweep-Q": "sweep-Q.json.gz",
+             "sweep-fused-A": "sweep-fused-A.json.gz", "sweep-fused-Q": "sweep-fused-Q.json.gz"},
+    "h100": {"sweep-fused-A": "sweep-fused-A.json.gz", "sweep-fused-Q": "sweep-fused-Q.json.gz"},
+}
 
 
 # Runs whose ratios the pages take against another arm than the run's reference (recomputed from
@@ -231,8 +238,17 @@ def file_text(name: str) -> str:
     return (RESULTS / "fidelity" / name).read_text()
 
 
+def headline() -> str:
+    """The README's one table: the pull-request view of the four reference shapes, without its
+    collapsed details (the full page is docs/h200/all-arms.md)."""
+    text = moebench("report", "results/h200/all-arms.json", "--format", "pr")
+    table = [ln for ln in text.split("<details>")[0].splitlines() if ln.startswith("|")]
+    return "\n".join(table) + "\n"
+
+
 def sections() -> dict[str, str]:
     return {
+        "headline": headline(),
         "swapab": swapab_sentence(),
         "fused": fused_table(),
         "builds": moebench("report", "results/h200/builds-fused-wt-vs-v1.json", "--format", "summary"),
@@ -270,32 +286,41 @@ def sections() -> dict[str, str]:
 
 
 def report_summary(name: str) -> str:
-    """The summary view of REPORTS[name], against REPORT_REF's arm where it names one."""
-    return moebench("report", f"results/h200/{REPORTS[name]}", "--format", "summary", *REPORT_REF.get(name, ()))
+    """The summary view of the H200's REPORTS[name], against REPORT_REF's arm where it names one."""
+    return moebench("report", f"results/h200/{REPORTS['h200'][name]}", "--format", "summary",
+                    *REPORT_REF.get(name, ()))
 
 
 def write_docs() -> None:
-    for name, file in REPORTS.items():
-        moebench("report", f"results/h200/{file}", "--format", "markdown", *REPORT_REF.get(name, ()),
-                 "--output", f"docs/h200/{name}.md", "--plot", "docs/h200/img", "--prefix", f"{name}-")
-    for svg in (DOCS / "img").glob("*.svg"):  # the pages link the PNGs
-        svg.unlink()
+    """docs/<gpu>/<name>.md: the full Markdown report of each run, its plots in docs/<gpu>/img/."""
+    for gpu, reports in REPORTS.items():
+        docs = ROOT / "docs" / gpu
+        (docs / "img").mkdir(parents=True, exist_ok=True)
+        for name, file in reports.items():
+            moebench("report", f"results/{gpu}/{file}", "--format", "markdown", *REPORT_REF.get(name, ()),
+                     "--output", f"docs/{gpu}/{name}.md", "--plot", f"docs/{gpu}/img", "--prefix", f"{name}-")
+        for svg in (docs / "img").glob("*.svg"):  # the pages link the PNGs
+            svg.unlink()
 
 
-def fill_readme(parts: dict[str, str]) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+def marker(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- moebench:{re.escape(name)} -->\n).*?(<!-- /moebench:{re.escape(name)} -->)", re.S)
+
+
+def fill_pages(parts: dict[str, str]) -> None:
+    """Each section into the one page of PAGES that holds its markers."""
+    texts = {page: (ROOT / page).read_text() for page in PAGES}
     for name, body in parts.items():
-        pattern = re.compile(rf"(<!-- moebench:{re.escape(name)} -->\n).*?(<!-- /moebench:{re.escape(name)} -->)",
-                             re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no section markers for {name!r}")
-        text = pattern.sub(lambda m: m.group(1) + body.strip() + "\n" + m.group(2), text)
-    readme.write_text(text)
+        holders = [page for page, text in texts.items() if marker(name).search(text)]
+        if len(holders) != 1:
+            raise SystemExit(f"section {name!r}: markers in {len(holders)} pages of {', '.join(PAGES)}, not one")
+        page = holders[0]
+        texts[page] = marker(name).sub(lambda m: m.group(1) + body.strip() + "\n" + m.group(2), texts[page])
+    for page, text in texts.items():
+        (ROOT / page).write_text(text)
 
 
 if __name__ == "__main__":
-    DOCS.mkdir(parents=True, exist_ok=True)
     write_docs()
-    fill_readme(sections())
-    print("README.md sections and docs/h200/ regenerated")
+    fill_pages(sections())
+    print("docs/h200/, docs/h100/ and the generated sections of README.md and docs/*.md regenerated")
