@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moebench import significance as sig
 from moebench.results.schema import RunResult
 from moebench.results.verdicts import DEFAULT_CHANGE, Rules, Threshold, Verdict, judge
 
@@ -49,6 +48,7 @@ def run_floor(result: RunResult, shape: str, *arms: str) -> float | None:
 
 def ratio_verdicts(result: RunResult, rules: Rules = Rules()) -> dict[tuple[str, str], RatioVerdict]:
     """{(shape, arm): verdict} for every arm with rounds in common with the run's reference."""
+    from moebench import significance as sig  # numpy: imported when a verdict is asked for, not by --help
     units = sig.rounds_of(sig.audited_samples(result))
     ref = result.settings.ref
     out: dict[tuple[str, str], RatioVerdict] = {}
@@ -69,6 +69,7 @@ def ratio_verdicts(result: RunResult, rules: Rules = Rules()) -> dict[tuple[str,
 
 
 def _verdict(result: RunResult, shape: str, ref: str, arm: str, ref_rounds, arm_rounds, rules: Rules) -> RatioVerdict:
+    from moebench import significance as sig
     ratio = sig.paired_ratio(ref_rounds, arm_rounds)
     # The A/A pair's own ratio draws as its floor was drawn (moebench.noise), so it reads its floor.
     key = (shape, ref, "noise") if arm == f"{ref}#2" else (shape, ref, arm, "ratio")
