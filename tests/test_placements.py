@@ -1,6 +1,8 @@
 """`--placements P`: every arm prepared P times, round r timing copy (r - 1) mod P, on the CPU
 (fake arms whose copies differ in speed, fake CUPTI)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from rich.console import Console
@@ -152,3 +154,19 @@ def test_a_resumed_run_keeps_its_placements(tmp_path):
     whole, _ = run(replace(req, out_dir=str(tmp_path / "whole")), test_resume.backend())
     assert done.settings == whole.settings and done.settings.placements == 2
     assert done.summaries == whole.summaries and done.ratios == whole.ratios
+
+
+def test_the_default_protocol_records_its_seed_placements_and_floor(tmp_path):
+    from moebench.plan import REF_AA
+    PREPARED.clear()
+    req = RunRequest(shapes=("T8",), arms=("placed-ref", "placed-slow"), rounds=4, samples=4, warmup=0,
+                     out_dir=str(tmp_path), placements=2, aa_arm=REF_AA, measure_bandwidth=False)
+    result, path = run(req, backend())
+    s = result.settings
+    assert s.placement_mode == "samples" and s.placements_by_shape == {"T8": 2}
+    assert s.order_seed is not None and load(path).settings.order_seed == s.order_seed  # drawn and kept
+    assert s.arms == ("placed-ref", "placed-slow", "placed-ref#2") and set(result.noise["T8"]) == {
+        "placed-ref", "placed-ref#2"}
+    again, _ = run(replace(req, order_seed=s.order_seed, out_dir=str(tmp_path / "again")), backend())
+    order = [(x.round, x.arm) for x in result.samples if x.index == 0]
+    assert order == [(x.round, x.arm) for x in again.samples if x.index == 0]  # the seed redoes the order
