@@ -103,6 +103,10 @@ def test_the_floor_is_saved_with_the_gpu_and_a_version_1_file_still_loads(tmp_pa
     gpu_info = replace(result.provenance.gpu, read_bandwidth_bytes_per_s=m.read_bandwidth_bytes_per_s,
                        read_floor=m.read_floor)
     saved = replace(result, provenance=replace(result.provenance, gpu=gpu_info))
+    from moebench.stats import summarize, summary_samples  # its summaries' bandwidth shares follow the new floor
+    summaries, _ = summarize(summary_samples(saved), saved.settings.shapes, saved.settings.arms, saved.settings.ref,
+                             {f.name: f.floors.hbm_bytes for f in saved.fixtures}, m.read_bandwidth_bytes_per_s)
+    saved = replace(saved, summaries=summaries)
     back = loads(dumps(saved))
     assert back.provenance.gpu.read_floor == m.read_floor and back.schema_version == 2
     # the same file as version 1 wrote it: no read_floor, no power limit
