@@ -141,7 +141,8 @@ def compare_results(a: RunResult, b: RunResult, rules: Rules = Rules(),
         fa, fb = ia.fixture(shape), ib.fixture(shape)
         if fa is not None and fb is not None and fa.fingerprint != fb.fingerprint:
             raise UserError(f"{a_label} and {b_label} timed different inputs at {shape}: fixture "
-                            f"fingerprints {fa.fingerprint[:12]}… and {fb.fingerprint[:12]}… differ")
+                            f"fingerprints {fa.fingerprint[:12]}… and {fb.fingerprint[:12]}… differ (another seed, "
+                            f"shape or fixture builder: rerun both with one moebench to compare them)")
     throttle = plan(rules.throttled, run_throttle(a, a_label), run_throttle(b, b_label))
     ua, ub = _units(a, a_label, throttle), _units(b, b_label, throttle)
     arms, ratios = [], []
