@@ -18,10 +18,10 @@ import moebench
 from moebench.fixtures import build_fixture
 
 GOLDEN = {
-    "T8": "0f8e2bfad940ca7bf7c2037e06ed3d760d90c8748bc349fc4f077a8f9eaa2ae8",
-    "A8": "8a9bf4e0f5c8decc0c2980e57d3910bd0df23f48fa851c353a61c7aae7b2dece",
-    "Q8": "9f2f009d99ed290b4f6239aec315f2503c7e3495d5b58fe429ab38317463b316",
-    "Q128": "481ab4ef3283926712cf6a08a5b84beb2a31071c8823a85445ace102245a45da",
+    "T8": "84affda9db610080a5db404f77dc2e7718d77b62c5984b63e9e21c3ad0362df2",
+    "A8": "bd3a6007f0997fa19f5d04482157ce37a7d660d8c4b9df2bd7336bc18d521937",
+    "Q8": "5814dd8fbd05d513a58e6acf7bb8d4ea74e5cf3df578d05c9672dcfae2bbe877",
+    "Q128": "2a90013db20bfe3a0133a264b12443212429f55ae83e4d1e585bae87ae426330",
 }
 
 _CHILD = """

@@ -14,10 +14,11 @@ def _gen(seed=1):
     return torch.Generator().manual_seed(seed)
 
 
-def test_uniform_is_the_top_53_bits_of_each_word():
+def test_uniform_is_the_low_53_bits_of_each_word_as_torch_rand_takes_them():
     words = portable.random_words(1000, _gen())
     u = portable.uniform(1000, _gen())
-    expected = [((w % 2**64) >> 11) / 2**53 for w in words.tolist()]
+    expected = [(w % 2**53) / 2**53 for w in words.tolist()]
+    assert torch.equal(u, torch.rand(1000, generator=_gen(), dtype=torch.float64))
     assert u.tolist() == expected and float(u.min()) >= 0.0 and float(u.max()) < 1.0
 
 
