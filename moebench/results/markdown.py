@@ -139,7 +139,8 @@ def _summary_table(ix: ResultIndex) -> str:
             if r is None:
                 cells += ["—", "—", "—"]
             else:
-                cells += [bold_if(ratio(r.median), is_win(verdicts[(shape, arm)].verdict)), f"{ratio(r.low)}–{ratio(r.high)}",
+                v = verdicts.get((shape, arm))  # none where the file's samples make none (read as stored)
+                cells += [bold_if(ratio(r.median), v is not None and is_win(v.verdict)), f"{ratio(r.low)}–{ratio(r.high)}",
                           f"{r.rounds_won}/{r.rounds}"]
             if builds:
                 cells.append(build_parity_text(builds.get((shape, arm)), arm, ix.result))

@@ -80,7 +80,10 @@ def result_rows(ix: ResultIndex) -> list[list[str]]:
                 name = f"`{arm}` (ref)" if arm == ix.ref else f"`{arm}`"
                 rows.append([shape, name, us(s.median_ns), "—", "ref" if arm == ix.ref else "—"])
                 continue
-            v = verdicts[(shape, arm)]
+            v = verdicts.get((shape, arm))  # none where the file's samples make none (read as stored)
+            if v is None:
+                rows.append([shape, f"`{arm}`", us(s.median_ns), f"{ratio(r.median)}", "unaudited"])
+                continue
             rows.append([shape, f"`{arm}`", us(s.median_ns), f"{ratio(r.median)} [{v.ci[0]:.3f}, {v.ci[1]:.3f}]",
                          bold_if(v.verdict.value, is_win(v.verdict))])
     return rows

@@ -159,10 +159,10 @@ def ratio_table(result: RunResult) -> Table | None:
     for r in result.ratios:
         if last_shape is not None and r.shape != last_shape:
             t.add_section()
-        verdict = verdicts[(r.shape, r.arm)].verdict
-        style = VERDICT_STYLE[verdict]
+        v = verdicts.get((r.shape, r.arm))  # none where the file's samples make none (read as stored)
+        style = VERDICT_STYLE[v.verdict] if v else ""
         cells = [r.shape if r.shape != last_shape else "", r.arm, Text(f"{r.median:.3f}", style=style),
-                 f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}", Text(verdict.value, style=style)]
+                 f"{r.low:.3f}–{r.high:.3f}", f"{r.rounds_won}/{r.rounds}", Text(v.verdict.value if v else "—", style=style)]
         if builds:
             cells.append(build_parity_text(builds.get((r.shape, r.arm)), r.arm, result))
         t.add_row(*cells)
