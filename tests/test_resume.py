@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).resolve().parent / "resume_child.py"
 ROUNDS = 5
 RUN_ARGS = ["run", "--arms", "resume-ref,resume-fast", "--shape", "T8,T16", "--rounds", str(ROUNDS),
-            "--samples", "3", "--warmup", "1", "--order-seed", "11"]
+            "--samples", "3", "--warmup", "1", "--order-seed", "11", "--aa", "none"]
 
 
 def child(args, *, hold: Path | None = None, hold_round: int = 3, cwd: Path):
