@@ -124,21 +124,28 @@ def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
     names = arms + [n for n in factories if n not in arms]
     by_build = {b.name: b.arm_name for b in builds}
     ref = by_build.get(req.ref, req.ref) if req.ref not in names else req.ref
-    aa = (ref or (names[0] if names else None)) if req.aa_arm == REF_AA else req.aa_arm
-    if req.aa_arm == REF_AA and req.noise_from:  # the floor comes from the file
-        aa = None
-    if aa == NO_AA or (req.aa_arm == REF_AA and not (aa in names and aa in known)):  # a --ref not in the run is validate's to name
-        aa = None
-    elif aa is not None:
-        aa = by_build.get(aa, aa)
-        if aa not in known:
-            raise UserError(f"--aa {aa!r}: unknown arm (known: {', '.join(sorted(known))})")
+    aa = _aa_arm(req, ref or (names[0] if names else None), names, known, by_build)
+    if aa is not None:
         copy = copy_label(aa)
         factories[copy] = copy_factory(known[aa], copy)
         names += [a for a in (aa, copy) if a not in names]
     build_arms = tuple(b.arm_name for b in builds)
     base = ref if ref in build_arms else (build_arms[0] if build_arms else None)
     return replace(req, arms=tuple(names), ref=ref, aa_arm=aa), ArmPlan(factories, build_arms, base)
+
+
+def _aa_arm(req: RunRequest, ref: str | None, names: list[str], known: dict, by_build: dict) -> str | None:
+    """The arm whose A/A copy this run times, or None. `--aa ref` (the command line's default)
+    is the reference arm, unless the floor comes from `--noise-from` or the reference is not an
+    arm of the run (validate names that mistake); `--aa none` is none; `--aa ARM` must be known."""
+    if req.aa_arm in (None, NO_AA):
+        return None
+    if req.aa_arm == REF_AA:
+        return ref if ref in names and ref in known and not req.noise_from else None
+    aa = by_build.get(req.aa_arm, req.aa_arm)
+    if aa not in known:
+        raise UserError(f"--aa {aa!r}: unknown arm (known: {', '.join(sorted(known))})")
+    return aa
 
 
 def validate(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> None:
