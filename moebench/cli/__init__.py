@@ -32,6 +32,22 @@ def _fail(message: str, code: int = 2) -> None:
 _interrupts: list[int] = []  # SIGINTs seen by this command
 
 
+def _interrupted() -> None:
+    """One line and exit 130, and nothing after it: a second Ctrl-C is ignored, and the process
+    ends without the interpreter's shutdown (whose thread joins and exit hooks a late
+    KeyboardInterrupt could still break into, ending the process by the signal instead)."""
+    import os
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("moebench: interrupted", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(INTERRUPTED)
+
+
 def _on_interrupt(signum, frame) -> None:  # noqa: ARG001
     """Python's own behaviour (KeyboardInterrupt), remembered: a library that wraps the
     KeyboardInterrupt in an error of its own (the Triton interpreter does) still ends the
@@ -61,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         args = list(sys.argv[1:] if argv is None else argv)
         code = cli.main(args=args, prog_name="moebench", standalone_mode=False, obj={"argv": args})
     except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C at any point, imports included
-        _fail("interrupted", INTERRUPTED)
+        _interrupted()
     except click.UsageError as err:  # bad flag, missing argument: one line, exit 2
         _fail(f"error: {err.format_message()}")
     except UserError as err:
@@ -71,8 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:  # `moebench report x | head`: the reader left; nothing to say
         sys.stderr.close()
         sys.exit(1)
+    except OSError as err:  # a path the system refuses (too long, not a folder, no permission)
+        if err.filename is None:
+            raise
+        name = str(err.filename)
+        _fail(f"error: {name if len(name) <= 80 else name[:77] + '...'}: {err.strerror or err}")
     except Exception:
         if _interrupts:  # the interrupt came back as another library's error
-            _fail("interrupted", INTERRUPTED)
+            _interrupted()
         raise
     sys.exit(code if isinstance(code, int) else 0)

@@ -158,8 +158,8 @@ def _statistics(result: RunResult, samples) -> list[str]:
         else:
             out += _differences(f"summaries[{x.shape} {x.arm}]", y, x,
                                 skip=() if x.shape in hbm else NO_FLOORS)
-    if len(stored) != len(summaries):
-        out.append(f"summaries: {len(stored)} stored, the samples give {len(summaries)}")
+    if len(result.summaries) != len(summaries):  # the list's length: a repeated row counts
+        out.append(f"summaries: {len(result.summaries)} stored, the samples give {len(summaries)}")
     stored_r = {(r.shape, r.ref, r.arm): r for r in result.ratios}
     for r in ratios:
         y = stored_r.get((r.shape, r.ref, r.arm))
@@ -167,8 +167,8 @@ def _statistics(result: RunResult, samples) -> list[str]:
             out.append(f"ratios: {r.arm} / {r.ref} at {r.shape} is missing")
         else:
             out += _differences(f"ratios[{r.shape} {r.arm}]", y, r)
-    if len(stored_r) != len(ratios):
-        out.append(f"ratios: {len(stored_r)} stored, the samples give {len(ratios)}")
+    if len(result.ratios) != len(ratios):
+        out.append(f"ratios: {len(result.ratios)} stored, the samples give {len(ratios)}")
     return out
 
 
