@@ -29,4 +29,4 @@ PROBE_OPS = {
     "wgmma-step": ("moebench_probe_wgmma_step", 0, 0),
     "gate-up-l2": ("moebench_prefill_gate_up", 0, 0),  # FLOPs: the blocks' GEMM (2 x 64 x 2I x K each)
 }
-COMPARE_FORMAT_NAMES = ("table", "markdown", "json")  # moebench.results.compare_view.COMPARE_FORMATS
+COMPARE_FORMAT_NAMES = ("table", "markdown", "json")  # moebench.views.compare_view.COMPARE_FORMATS

@@ -29,11 +29,11 @@ from statistics import median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from moebench import prepare as prepare_stage  # noqa: E402
-from moebench.plan import RunRequest  # noqa: E402
-from moebench.results.compare import compare_results  # noqa: E402
-from moebench.results.verdicts import Verdict  # noqa: E402
-from moebench.runner import run  # noqa: E402
+from moebench.run import prepare as prepare_stage  # noqa: E402
+from moebench.run.plan import RunRequest  # noqa: E402
+from moebench.analysis.compare import compare_results  # noqa: E402
+from moebench.analysis.verdicts import Verdict  # noqa: E402
+from moebench.run.runner import run  # noqa: E402
 
 PLAIN, SLOW = "fused=scripts.aa_arms:fused", "fused=scripts.aa_arms:fused_slow"
 

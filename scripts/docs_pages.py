@@ -46,7 +46,7 @@ def moebench(*args: str) -> str:
 def flush_table() -> str:
     """Median gpu_sum per shape and arm under each flush mode, from the three flush runs."""
     sys.path.insert(0, str(ROOT))
-    from moebench.results.store import load
+    from moebench.record.store import load
 
     modes = ["read", "write", "none"]
     runs = {m: load(RESULTS / f"flush-{m}.json.gz") for m in modes}
@@ -70,7 +70,7 @@ def log_lines(name: str, *patterns: str) -> str:
 def swapab_sentence() -> str:
     """What Swap-AB alone buys: the paired cuda-gemm / cuda-swapab ratios of the two sweeps."""
     sys.path.insert(0, str(ROOT))
-    from moebench.results.store import load
+    from moebench.record.store import load
 
     parts = []
     for family in ("A", "Q"):
@@ -92,8 +92,8 @@ def fused_table() -> str:
     """cuda-fused's bars, read off the all-arms run: time over the HBM floor (at the run's
     measured read bandwidth), speed-up over the engine-faithful triton, and the fastest other arm."""
     sys.path.insert(0, str(ROOT))
-    from moebench.results.roofline import UNDERSTATED, arm_floor
-    from moebench.results.store import load
+    from moebench.analysis.roofline import UNDERSTATED, arm_floor
+    from moebench.record.store import load
 
     r = load(RESULTS / "all-arms.json")
     by = {(x.shape, x.arm): x for x in r.summaries}
@@ -122,8 +122,8 @@ def fused_every_m(results: Path = RESULTS) -> str:
     """cuda-fused against the fused path's targets over the two M sweeps under `results`: where it is the
     fastest arm, its lead over the best stock arm at M <= 256, and its share of the FP8 peak at M >= 4096."""
     sys.path.insert(0, str(ROOT))
-    from moebench.results.roofline import shape_floors
-    from moebench.results.store import load
+    from moebench.analysis.roofline import shape_floors
+    from moebench.record.store import load
 
     lines = ["| family | fastest arm at | cuda-swapab's kernels (a tie) at | slower than another arm at | "
              "vs `triton` at M ≤ 256 | share of dense FP8 peak at M ≥ 4096 |", "|---|---|---|---|--:|--:|"]
@@ -162,7 +162,7 @@ def placement_table() -> str:
     from collections import defaultdict
     from statistics import median
 
-    from moebench.results.store import load
+    from moebench.record.store import load
 
     order = ["gemm1", "silu_and_mul", "act_quant", "gemm2", "combine"]
     runs = [("`triton#2` / `triton` (A/A)", "stock-A1-aa-triton.json", "triton#2", "triton"),
@@ -189,8 +189,8 @@ def placements_rows() -> str:
     """One placement against four (`run --placements`): the A/A pair of cuda-fused and the
     two-accumulator walk against the kernel before it, on an H100, read off the four runs."""
     sys.path.insert(0, str(ROOT))
-    from moebench.results.store import load
-    from moebench.stats import placement_summaries
+    from moebench.record.store import load
+    from moebench.analysis.stats import placement_summaries
 
     exp = ROOT / "results" / "h100" / "experiments"
     runs = [("`--aa cuda-fused`, 8 rounds (`placements-aa-one.json.gz`)", "placements-aa-one.json.gz", "A8192"),
@@ -214,8 +214,8 @@ def placements_rows() -> str:
 def referee_sentence(name: str) -> str:
     """The stock arm against its referee in one committed run, as the Markdown report gives it."""
     sys.path.insert(0, str(ROOT))
-    from moebench.results.markdown import referee_markdown
-    from moebench.results.store import load
+    from moebench.views.markdown import referee_markdown
+    from moebench.record.store import load
     return referee_markdown(load(RESULTS / name)) + "\n"
 
 

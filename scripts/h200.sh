@@ -72,10 +72,10 @@ for s in "$@"; do case $s in
   sweep-a) stage sweep-a python3 -m moebench sweep --family A --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   builds) stage builds python3 -m moebench run --shape A8,A128,Q8,Q128 \
-         --build wt=moebench/kernels/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;
+         --build wt=moebench/kernels/cuda/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;
   cuda-tests) stage cuda-tests python3 -m pytest -q tests/test_cuda_arms_gpu.py ;;
   fused-vs-rev) stage fused-vs-rev python3 -m moebench run --shape A8,A128,Q8,Q128 \
-         --build wt=moebench/kernels/sm90_fused_moe.cu --build base=git:"${BASE_REV:?set BASE_REV}" --ref base --out "$R" ;;
+         --build wt=moebench/kernels/cuda/sm90_fused_moe.cu --build base=git:"${BASE_REV:?set BASE_REV}" --ref base --out "$R" ;;
   fused-variants) stage fused-variants python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --variant bm8=cuda-fused:block_m=8 --variant bm16=cuda-fused:block_m=16 --out "$R/variants" ;;
   fused-stages) stage fused-stages python3 -m moebench run --shape A8,A128,Q8,Q128 \

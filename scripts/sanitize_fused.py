@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moebench.fixtures import build_fixture, fixture_reference, route_plan  # noqa: E402
 from moebench.fixtures.shapes import Family, ShapeSpec  # noqa: E402
-from moebench.kernels.fused_arm import (CudaFusedArm, make_fused_launch,  # noqa: E402
+from moebench.kernels.cuda.fused_arm import (CudaFusedArm, make_fused_launch,  # noqa: E402
                                         prepare_fused_weights)
 from moebench.kernels.parity import compare  # noqa: E402
 

@@ -6,7 +6,7 @@ set -euo pipefail
 out=${1:?usage: scripts/truth.sh OUT_DIR [placement|aaa|slow|legacy ...]}; shift
 parts=${*:-placement aaa slow legacy}
 mkdir -p "$out"
-F=moebench/kernels/sm90_fused_moe.cu
+F=moebench/kernels/cuda/sm90_fused_moe.cu
 mb() { python3 -m moebench "$@"; }
 timed() {  # timed NAME CMD...: the command's wall time into $out/wall.tsv, its output into $out/NAME.log
   local name=$1; shift; local t0=$SECONDS

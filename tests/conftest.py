@@ -29,7 +29,7 @@ def registry():
 @pytest.fixture(scope="module")
 def compiled_triton():
     """The Triton kernels compiled for the GPU (not the interpreter) for a module's tests."""
-    from moebench.kernels.triton_arms import interpreter_requested, kernels_module, use_interpreter
+    from moebench.kernels.stock.arms import interpreter_requested, kernels_module, use_interpreter
     was = interpreter_requested()
     use_interpreter(False)
     assert kernels_module().INTERPRETED is False
@@ -40,7 +40,7 @@ def compiled_triton():
 @pytest.fixture(scope="module")
 def interpreted_triton():
     """The Triton kernels run by the CPU interpreter for a module's tests."""
-    from moebench.kernels.triton_arms import interpreter_requested, use_interpreter
+    from moebench.kernels.stock.arms import interpreter_requested, use_interpreter
     was = interpreter_requested()
     use_interpreter(True)
     yield
@@ -50,7 +50,7 @@ def interpreted_triton():
 @pytest.fixture
 def sm90():
     """Skips where the fused CUDA kernels cannot run (they need an sm_90 GPU, cuda-core and NVRTC)."""
-    from moebench.kernels.fused_arm import CudaFusedArm
+    from moebench.kernels.cuda.fused_arm import CudaFusedArm
     reason = CudaFusedArm().unavailable_reason(torch.device("cuda"))
     if reason:
         pytest.skip(reason)

@@ -1,4 +1,4 @@
-"""Arms that break one determinism property each, for tests of moebench.determinism: the
+"""Arms that break one determinism property each, for tests of moebench.determinism.checks: the
 oracle's output (deterministic on the CPU) with a planted last-bit change.
 
   PlantedRunNoise   flips the low bit of a few elements, different ones on every run
@@ -88,7 +88,7 @@ class FakeTimedTriton(Arm):
     description = "the stock Triton arm's call, and one fake kernel for the fake timer"
 
     def prepare(self, fx) -> PreparedCall:
-        from moebench.kernels.triton_arms import StockTritonArm
+        from moebench.kernels.stock.arms import StockTritonArm
         call = StockTritonArm().prepare(fx)
 
         def run() -> None:

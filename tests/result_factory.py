@@ -4,7 +4,7 @@ Times are drawn from a seeded generator around a base per (shape, arm), with a p
 drift (what paired rounds cancel in a ratio) and per-sample jitter. Summaries and ratios
 are filled the way DESIGN.md defines them (row = a round's median, arm = median of rows,
 ratio = median over rounds of ref-row / arm-row), computed here independently of
-moebench.stats so the two can be checked against each other.
+moebench.analysis.stats so the two can be checked against each other.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 import statistics
 from dataclasses import replace
 
-from moebench.results.schema import (
+from moebench.record.schema import (
     SCHEMA_VERSION, ArmInfo, ArmSummary, Audit, ClockSample, DeclaredKernel, FixtureInfo, Floors,
     GpuInfo, KernelRecord, ParityInfo, Provenance, RatioSummary, RunResult, Sample, Settings,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from timing_fakes import FakeGpu, FakeTracer
 
-from moebench.measure import TimingBackend
+from moebench.timing.measure import TimingBackend
 from moebench.timing.timers import KernelRecordTimer
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from moebench.results.schema import Audit, RunResult, Sample
+from moebench.record.schema import Audit, RunResult, Sample
 from result_factory import make_result
 
 BASE_NS = 50_000.0

@@ -18,11 +18,11 @@ from timing_fakes import FakeGpu
 from moebench.cli import main
 from moebench.errors import UserError
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
-from moebench.kernels.kernel_source import KernelSource
+from moebench.kernels.cuda.source import KernelSource
 from moebench.kernels.registry import ARMS, add_arm
-from moebench.kernels.builds import (BuildSpec, compare_outputs, parse_build_spec, parse_define,
+from moebench.kernels.cuda.builds import (BuildSpec, compare_outputs, parse_build_spec, parse_define,
                                      read_at_revision, resolve_builds, resolve_revision)
-from moebench.runner import RunRequest, run
+from moebench.run.runner import RunRequest, run
 
 # ---------------------------------------------------------------- a tiny CUDA arm family
 
@@ -42,7 +42,7 @@ extern "C" __global__ void tiny(float* out) {
 @functools.lru_cache(maxsize=None)
 def build_tiny(source: KernelSource):
     """Cached per process, as fused_arm.build_fused is (keyed by the source it is given)."""
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     return compile_source(source)
 
 
@@ -103,7 +103,7 @@ def repo(tmp_path, monkeypatch):
     src.write_text(TINY % "v3 (work tree)")
     monkeypatch.chdir(root)
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
-    from moebench.kernels import cuda_build
+    from moebench.kernels.cuda import nvrtc as cuda_build
     cuda_build.clear_memo()
     return root
 
@@ -112,7 +112,7 @@ def repo(tmp_path, monkeypatch):
 
 
 def test_parse_build_spec():
-    assert parse_build_spec("new=moebench/kernels/sm90_fused_moe.cu") == BuildSpec("new", "moebench/kernels/sm90_fused_moe.cu")
+    assert parse_build_spec("new=moebench/kernels/cuda/sm90_fused_moe.cu") == BuildSpec("new", "moebench/kernels/cuda/sm90_fused_moe.cu")
     assert parse_build_spec("main=git:main") == BuildSpec("main", None, "main")
     assert parse_build_spec("old=git:HEAD~3:k/x.cu") == BuildSpec("old", "k/x.cu", "HEAD~3")
     assert parse_build_spec("old=git:HEAD~3:k/x.cu").text == "old=git:HEAD~3:k/x.cu"
@@ -164,11 +164,11 @@ def test_resolve_pins_sources_and_revisions(repo):
     (["--define", "new:X=1"], "--define applies to a --build"),
     (["--build", "new=k/tiny_common.cuh"], "not the source of an arm"),
     (["--build", f"new=k/{SOURCE}", "--build-arm", "triton"], "--build-arm 'triton': not an arm built"),
-    (["--build", "g=moebench/kernels/sm90_grouped_gemm.cu"], "choose one with --build-arm"),
+    (["--build", "g=moebench/kernels/cuda/sm90_grouped_gemm.cu"], "choose one with --build-arm"),
 ])
 def test_build_mistakes_are_one_line_exit_2(repo, capsys, argv, needle):
     if "sm90_grouped_gemm" in argv[-1]:
-        from moebench.kernels.cuda_build import KERNELS_DIR
+        from moebench.kernels.cuda.nvrtc import KERNELS_DIR
         argv = ["--build", f"g={KERNELS_DIR / 'sm90_grouped_gemm.cu'}"]
     with pytest.raises(SystemExit) as exc:
         main(["run", "--shape", "T8", *argv])
@@ -201,7 +201,7 @@ cuda_core = pytest.importorskip("cuda.core")
 
 
 def test_a_build_source_compiles_its_text_with_its_define(repo):
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     (old,) = resolve_builds([f"old=git:HEAD~1:k/{SOURCE}"], build_arm="test-tiny")
     with pytest.raises(FileNotFoundError):
         compile_source(SOURCE)  # not a built-in source: only a build's KernelSource compiles
@@ -239,9 +239,9 @@ def test_build_vs_build_run(repo, tmp_path):
     assert old["build"]["source_sha256"] == old["build_spec"]["source_sha256"]  # the lru_cache was seen through
     assert result.settings.options["builds"][1] == "old=git:HEAD~1"
 
-    from moebench.results.markdown import render_markdown
-    from moebench.results.store import load
-    from moebench.results.tables import print_tables
+    from moebench.views.markdown import render_markdown
+    from moebench.record.store import load
+    from moebench.views.tables import print_tables
     assert load(path) == result
     buf = io.StringIO()
     print_tables(result, Console(file=buf, width=200))
@@ -279,7 +279,7 @@ def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch
     import sys
 
     from moebench.kernels import registry as arm_module
-    from moebench.kernels.builds import build_arm_factories
+    from moebench.kernels.cuda.builds import build_arm_factories
     root = tmp_path / "hosted"
     root.mkdir()
     git(root, "init", "-q")

@@ -13,10 +13,10 @@ import moebench
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture
 from moebench.fixtures.shapes import Family, ShapeSpec
-from moebench.kernels import fused_prefill
-from moebench.kernels.builds import build_arm_factories, resolve_builds
-from moebench.kernels.fused_arm import CudaFusedArm, CudaFusedDetArm
-from moebench.kernels.kernel_source import KERNELS_DIR, KernelSource
+from moebench.kernels.cuda import fused_prefill
+from moebench.kernels.cuda.builds import build_arm_factories, resolve_builds
+from moebench.kernels.cuda.fused_arm import CudaFusedArm, CudaFusedDetArm
+from moebench.kernels.cuda.source import KERNELS_DIR, KernelSource
 
 PREFILL = fused_prefill.SOURCE
 ROOT = Path(moebench.__file__).resolve().parents[1]
@@ -92,13 +92,13 @@ def _head_and_last_change(path: str, clean: str) -> tuple[str, str]:
 
 
 def test_a_git_prefill_build_runs_this_trees_launcher_only_where_it_is_the_revisions(monkeypatch, tmp_path):
-    head, last = _head_and_last_change("moebench/kernels/fused_prefill.py", "moebench/kernels/fused_prefill.py")
+    head, last = _head_and_last_change("moebench/kernels/cuda/fused_prefill.py", "moebench/kernels/cuda/fused_prefill.py")
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
-    spec = "moebench/kernels/sm90_fused_prefill.cu"
+    spec = "moebench/kernels/cuda/sm90_fused_prefill.cu"
     (build,) = resolve_builds([f"now=git:{head}:{spec}"], cwd=ROOT)
     assert build.source_name == PREFILL and build.commit == head
     # before the last change to the launcher, the revision's host code is not this tree's
-    with pytest.raises(UserError, match=r"runs this tree's moebench/kernels/fused_prefill.py, which differs at "
+    with pytest.raises(UserError, match=r"runs this tree's moebench/kernels/cuda/fused_prefill.py, which differs at "
                                         r".*; --build-host worktree times it with this tree's"):
         resolve_builds([f"old=git:{last}~1:{spec}"], cwd=ROOT)
     (old,) = resolve_builds([f"old=git:{last}~1:{spec}"], cwd=ROOT, host="worktree")
@@ -109,18 +109,18 @@ def test_a_build_of_the_decode_source_is_cuda_fused_not_also_its_deterministic_a
     # cuda-fused-det compiles sm90_fused_moe.cu too, as a cuda-fused: the file names cuda-fused
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(ROOT)
-    (build,) = resolve_builds(["new=moebench/kernels/sm90_fused_moe.cu"])
+    (build,) = resolve_builds(["new=moebench/kernels/cuda/sm90_fused_moe.cu"])
     assert (build.arm, build.source_name) == ("cuda-fused", "sm90_fused_moe.cu")
-    (det,) = resolve_builds(["new=moebench/kernels/sm90_fused_moe.cu"], build_arm="cuda-fused-det")
+    (det,) = resolve_builds(["new=moebench/kernels/cuda/sm90_fused_moe.cu"], build_arm="cuda-fused-det")
     assert det.arm == "cuda-fused-det"
     # the grouped GEMMs' file is two arms' alike: still one to choose
     with pytest.raises(UserError, match="builds cuda-gemm and cuda-swapab; choose one with --build-arm"):
-        resolve_builds(["g=moebench/kernels/sm90_grouped_gemm.cu"])
+        resolve_builds(["g=moebench/kernels/cuda/sm90_grouped_gemm.cu"])
 
 
 def test_a_variant_of_a_prefill_build_forces_the_pair(copy):
     from moebench.kernels.registry import load_builtin_arms
-    from moebench.variants import parse_variant, variant_factory
+    from moebench.run.variants import parse_variant, variant_factory
     (build,) = resolve_builds([f"new={PREFILL}"])
     known = {**load_builtin_arms(), **build_arm_factories([build])}
     arm = variant_factory(parse_variant("p=cuda-fused@new:path=prefill"), known)()
@@ -132,9 +132,9 @@ def test_a_git_decode_build_is_refused_where_a_helper_of_the_arm_differs(monkeyp
     # a git build takes fused_arm.py from its revision, not fused_policy.py (shared memory,
     # occupancy, placement): timed at a revision where that differs, the revision's kernel would be
     # launched with this tree's arithmetic
-    head, last = _head_and_last_change("moebench/kernels/fused_policy.py", "moebench/kernels")
+    head, last = _head_and_last_change("moebench/kernels/cuda/fused_policy.py", "moebench/kernels")
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
-    spec = "moebench/kernels/sm90_fused_moe.cu"
+    spec = "moebench/kernels/cuda/sm90_fused_moe.cu"
     (now,) = resolve_builds([f"now=git:{head}:{spec}"], cwd=ROOT)
     assert now.arm == "cuda-fused" and now.host is None
     # (fused_policy.py or a helper that changed with it, the first of them named)

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 from result_factory import make_result, run_cli
 
-from moebench.calibrate import (CopyRatio, calibration_lines, calibration_of, calibration_request, clock_summary,
+from moebench.tasks.calibrate import (CopyRatio, calibration_lines, calibration_of, calibration_request, clock_summary,
                                 copy_ratios, resolvable, spread)
-from moebench.results.schema import ClockSample, ReadFloor
+from moebench.record.schema import ClockSample, ReadFloor
 
 COPIES = ("cuda-fused@copy2", "cuda-fused@copy3")
 ARMS = ("cuda-fused", *COPIES)
@@ -69,7 +69,7 @@ def test_the_clock_line_names_the_capped_rounds():
 
 
 def test_the_request_times_the_arm_and_two_builds_of_its_own_source():
-    from moebench.plan import RunRequest, plan_arms
+    from moebench.run.plan import RunRequest, plan_arms
     req, arm, copies = calibration_request(True, "Q8", "/tmp/x", ("moebench", "doctor", "--calibrate"))
     planned, plan = plan_arms(req)
     assert arm == "cuda-fused" and copies == (*COPIES, "cuda-fused#2") and planned.ref_arm == "cuda-fused"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from moebench.errors import UserError
-from moebench.results.compare import Rules, Verdict, compare_results
-from moebench.results.verdicts import parse_rules
-from moebench.results.store import load, save
+from moebench.analysis.compare import Rules, Verdict, compare_results
+from moebench.analysis.verdicts import parse_rules
+from moebench.record.store import load, save
 from result_factory import make_result, run_cli, with_schema_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,8 +231,8 @@ def slowed_run(result, arm: str, factor: float):
     and the summaries and ratios recomputed from them (a file must agree with its samples).
     Each kernel starts as much later as the ones before it grew, the gaps kept, so a sample's
     busy time (the union of its kernels) grows by `factor` too instead of overlapping."""
-    from moebench.results.schema import KernelRecord
-    from moebench.stats import summarize
+    from moebench.record.schema import KernelRecord
+    from moebench.analysis.stats import summarize
 
     def slow(sample):
         if sample.arm != arm:
@@ -274,7 +274,7 @@ def test_committed_result_against_itself_and_a_constructed_regression(path, tmp_
 def with_rejected(result, arm: str, factor: float, rounds=(2,)):
     """`result` with `arm`'s samples in `rounds` taken `factor` times as long and rejected by
     the audit, as a run whose stray kernels landed in those samples would save them."""
-    from moebench.results.schema import Audit, AuditFinding
+    from moebench.record.schema import Audit, AuditFinding
     slowed = slowed_run(result, arm, factor)
     samples = tuple(s if s.arm != arm or s.round not in rounds else t
                     for s, t in zip(result.samples, slowed.samples))
@@ -299,7 +299,7 @@ def test_samples_the_audit_rejected_do_not_enter(base):
 
 
 def test_a_run_with_audit_failures_closes_the_gate(base, saved):
-    from moebench.results.compare import gate
+    from moebench.analysis.compare import gate
     bad = with_rejected(make_result(seed=9), "cuda-fused", 1.0)  # samples unchanged, findings recorded
     c = compare_results(base, bad, a_label="a.json", b_label="b.json")
     assert not c.regressions

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from moebench.errors import UserError
-from moebench.kernels import cuda_cache
-from moebench.kernels.cuda_cache import CudaBuild
+from moebench.kernels.cuda import cache as cuda_cache
+from moebench.kernels.cuda.cache import CudaBuild
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ def test_four_processes_build_each_key_once_and_read_only_whole_entries(tmp_path
     script = WAIT + """
 import hashlib
 from pathlib import Path
-from moebench.kernels import cuda_cache
+from moebench.kernels.cuda import cache as cuda_cache
 root, key, log = Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
 def build():
     with open(log, "a") as f:
@@ -86,7 +86,7 @@ def test_four_processes_compiling_the_same_and_different_sources_agree(tmp_path)
     pytest.importorskip("cuda.core")
     script = WAIT + f"""
 os.environ["MOEBENCH_CACHE"] = sys.argv[2]
-from moebench.kernels.cuda_build import compile_source
+from moebench.kernels.cuda.nvrtc import compile_source
 m = compile_source({TINY!r}, defines={{"SCALE": sys.argv[3]}})
 print(json.dumps({{"scale": sys.argv[3], "hit": m.cache_hit, "key": m.build.build_hash,
                   "binary": m.build.binary_sha256, "regs": m.build.resources["tiny"].registers}}))
@@ -138,7 +138,7 @@ DAMAGE = ["truncated cubin", "garbage cubin", "empty cubin", "no cubin", "trunca
 @pytest.mark.parametrize("kind", DAMAGE)
 def test_a_corrupt_entry_is_rebuilt_and_replaced(tmp_path, monkeypatch, kind):
     pytest.importorskip("cuda.core")
-    from moebench.kernels import cuda_build
+    from moebench.kernels.cuda import nvrtc as cuda_build
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
     try:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moebench.fixtures import build_fixture, derive, route_plan
-from moebench.kernels.cuda_arms import WGMMA_N
+from moebench.kernels.cuda.arms import WGMMA_N
 from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
 from moebench.kernels.verify import edge_cases

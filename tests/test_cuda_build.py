@@ -10,8 +10,9 @@ import pytest
 cuda_core = pytest.importorskip("cuda.core")
 
 from moebench.errors import UserError  # noqa: E402
-from moebench.kernels import cuda_build, cuda_launch  # noqa: E402
-from moebench.kernels.cuda_build import (CudaBuildError, build_key, compile_source,  # noqa: E402
+from moebench.kernels.cuda import nvrtc as cuda_build  # noqa: E402
+from moebench.kernels.cuda import launch as cuda_launch  # noqa: E402
+from moebench.kernels.cuda.nvrtc import (CudaBuildError, build_key, compile_source,  # noqa: E402
                                          parse_ptxas_log)
 
 TINY = r'''
@@ -309,8 +310,8 @@ def test_every_cuda_source_compiles_for_sm90a_without_spills(cache, source):
 
 # ---------------------------------------------------------------- cuda-gemm / cuda-swapab host logic
 
-from moebench.kernels import cuda_arms  # noqa: E402
-from moebench.kernels.cuda_arms import (CUDA_GEMM, CUDA_SWAPAB, GemmConfig,  # noqa: E402
+from moebench.kernels.cuda import arms as cuda_arms  # noqa: E402
+from moebench.kernels.cuda.arms import (CUDA_GEMM, CUDA_SWAPAB, GemmConfig,  # noqa: E402
                                         gemm2_target_steps, gemm_grid, swiglu_grid, tiles_per_cta)
 
 

@@ -1,4 +1,4 @@
-"""moebench.determinism on the CPU: the three checks on the stock Triton arms under the
+"""moebench.determinism.checks on the CPU: the three checks on the stock Triton arms under the
 interpreter (T shapes), each check catching the planted arm built to fail it and passing the
 others (tests/determinism_planted.py), token sub-fixtures, bitwise differences, the verdicts in
 a RunResult (saved, loaded, checked, reported), and `moebench verify --determinism`'s errors."""
@@ -11,13 +11,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from moebench.determinism import ENGINE_NOTES, batch_sizes, check_arms, difference, output_hash
-from moebench.determinism_result import determinism_result
+from moebench.determinism.checks import ENGINE_NOTES, batch_sizes, check_arms, difference, output_hash
+from moebench.determinism.checks.result import determinism_result
 from moebench.fixtures import build_fixture, derive
 from moebench.fixtures.tokens import append_tokens, take_tokens
-from moebench.results.determinism_records import RunToRun
-from moebench.results.store import dumps, load, loads, save
-from moebench.results.validate import problems
+from moebench.record.determinism import RunToRun
+from moebench.record.store import dumps, load, loads, save
+from moebench.analysis.validate import problems
 from result_factory import make_result, run_cli
 
 pytestmark = pytest.mark.usefixtures("interpreted_triton")
@@ -89,7 +89,7 @@ def test_a_fresh_process_short_of_memory_is_tried_again_then_named(t4, tmp_path,
     # eight test workers on one card left the fresh process no memory: tried again after pauses,
     # and if it never gets any the check says so, rather than reading as a determinism failure
     import os
-    import moebench.determinism as det
+    import moebench.determinism.checks as det
     monkeypatch.setattr(det, "MEMORY_RETRY_PAUSES_S", (0.0, 0.0))
     counter = tmp_path / "oom"
     counter.write_text(str(short_times))

@@ -17,14 +17,14 @@ import pytest
 import torch
 
 from moebench.cli import main
-from moebench.distributed import cells_folder, launch_command, sharded_sweep, without_option
-from moebench.measure import TimingBackend
-from moebench.read_floor import ReadProbe
-from moebench.plan import RunRequest, resolve_specs
-from moebench.results.schema import MissingCell
-from moebench.results.store import load
-from moebench.results.validate import problems
-from moebench.sweep_cells import Cell, assign, cell_cost, sweep_cells
+from moebench.run.distributed import cells_folder, launch_command, sharded_sweep, without_option
+from moebench.timing.measure import TimingBackend
+from moebench.timing.read_floor import ReadProbe
+from moebench.run.plan import RunRequest, resolve_specs
+from moebench.record.schema import MissingCell
+from moebench.record.store import load
+from moebench.analysis.validate import problems
+from moebench.run.sweep_cells import Cell, assign, cell_cost, sweep_cells
 from moebench.timing.engine import Unit
 from moebench.timing.timers import KernelRecordTimer
 from timing_fakes import FakeTracer

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from result_factory import run_cli
 
-from moebench import doctor
-from moebench.doctor import ERROR, OK, WARN, GpuState
+from moebench.tasks import doctor
+from moebench.tasks.doctor import ERROR, OK, WARN, GpuState
 
 GOOD = GpuState(other_processes=(), mig_enabled=False, persistence_on=True, sm_mhz=1980, sm_max_mhz=1980,
                 mem_mhz=3201, mem_max_mhz=3201, clock_event_reasons=0)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from moebench.errors import UserError
 from moebench.fixtures import engine_plan_capacity, route_plan
-from moebench.kernels.engine_config import (DEFAULT_CONFIG, ConfigTable, Device, EngineTables, TableKey,
+from moebench.kernels.stock.engine_config import (DEFAULT_CONFIG, ConfigTable, Device, EngineTables, TableKey,
                                             TritonMoeConfig, load_config_file, load_engine_tables, parse_entry,
                                             resolve, sorted_rows, swap_ab_rule)
 

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from moebench.kernels.engine_logs import ENGINE_MESSAGES, captured_engine_messages, messages_line
+from moebench.kernels.stock.engine_logs import ENGINE_MESSAGES, captured_engine_messages, messages_line
 from test_referee import CONFIG_SRC, KERNELS_SRC, fake_sglang  # noqa: F401  (the stand-in engine fixture)
 
 FALLBACK = ("Config file not found at E=257,N=128,device_name=NVIDIA_H100_80GB_HBM3.json for triton 3.6.0; "
@@ -84,8 +84,8 @@ def test_one_terminal_line_per_arm_says_where_they_are():
 
 
 def test_prepare_logs_the_line_once_per_arm():
-    from moebench.prepare import _engine_messages
-    from moebench.results.schema import ArmInfo
+    from moebench.run.prepare import _engine_messages
+    from moebench.record.schema import ArmInfo
     infos = [ArmInfo("sglang", "", shape, (), {ENGINE_MESSAGES: [f"warning: {FALLBACK}"]}) for shape in ("A8", "Q8")]
     infos.append(ArmInfo("triton", "", "A8", (), {}))
     assert _engine_messages(infos) == {"sglang": {"A8": [f"warning: {FALLBACK}"], "Q8": [f"warning: {FALLBACK}"]}}

@@ -10,14 +10,14 @@ import pytest
 import external_arm_example as example
 from run_fakes import fake_backend
 
-from moebench import runner
+from moebench.run import runner
 from moebench.cli import main
 from moebench.errors import UserError
 from moebench.kernels import registry as arm_module
 from moebench.kernels.registry import make_arms
 from moebench.kernels.external import parse_external_arm, register_entry_point_arms
-from moebench.results.store import load
-from moebench.runner import RunFailed, RunRequest, run
+from moebench.record.store import load
+from moebench.run.runner import RunFailed, RunRequest, run
 
 TESTS = Path(__file__).resolve().parent
 

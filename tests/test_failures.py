@@ -20,9 +20,9 @@ from moebench.errors import UserError
 from moebench.failures import (ParityFailure, RunFailed, audit_failure, gpu_memory_guard, is_kernel_fault,
                                is_out_of_memory, kernel_fault_guard, out_of_memory, parity_exclusions)
 from moebench.kernels.registry import ARMS, add_arm
-from moebench.results.formats import FORMATS
-from moebench.results.store import load
-from moebench.runner import RunRequest, run
+from moebench.views.formats import FORMATS
+from moebench.record.store import load
+from moebench.run.runner import RunRequest, run
 
 
 def _one_line(text: str) -> None:
@@ -147,7 +147,7 @@ def test_keep_going_times_the_other_arms_and_reports_the_failing_one(tmp_path):
 
 
 def test_the_cli_exits_1_on_a_parity_failure_and_0_with_keep_going(tmp_path, monkeypatch, capsys):
-    import moebench.runner as runner  # `moebench run` imports the pipeline when it runs
+    import moebench.run.runner as runner  # `moebench run` imports the pipeline when it runs
     from moebench.cli import main
     real = runner.run
     monkeypatch.setattr(runner, "run", lambda req, **kw: real(req, backend(), **kw))
@@ -167,7 +167,7 @@ def test_the_cli_exits_1_on_a_parity_failure_and_0_with_keep_going(tmp_path, mon
 
 
 def test_the_cli_exits_1_on_a_failed_audit_and_keeps_the_result_marked(tmp_path, monkeypatch, capsys):
-    import moebench.runner as runner  # `moebench run` imports the pipeline when it runs
+    import moebench.run.runner as runner  # `moebench run` imports the pipeline when it runs
     from moebench.cli import main
     real = runner.run
     monkeypatch.setattr(runner, "run", lambda req, **kw: real(req, backend(drop_in_round=2), **kw))
@@ -199,7 +199,7 @@ def test_the_audit_line_names_counts_and_first_findings():
 _OOM_CHILD = """
 import json, sys, torch
 from moebench.errors import UserError
-from moebench.runner import RunRequest, run
+from moebench.run.runner import RunRequest, run
 free, _ = torch.cuda.mem_get_info()
 hog = torch.empty(max(0, free - 512 * 2**20), dtype=torch.uint8, device="cuda")
 req = RunRequest(shapes=("A8",), arms=("triton",), rounds=1, samples=2, warmup=0, out_dir=sys.argv[1],
@@ -229,7 +229,7 @@ def test_out_of_gpu_memory_on_a_real_gpu_is_one_line_with_the_fixture_size(tmp_p
 
 @pytest.mark.gpu
 def test_doctor_on_a_gpu_finds_cupti_free_and_reads_the_gpu_state():
-    from moebench import doctor
+    from moebench.tasks import doctor
     found = {f.label: f for f in doctor.findings()}
     assert found["GPU"].level == "OK" and found["CUPTI"].level == "OK", found["CUPTI"].line()
     assert found["clocks"].detail.startswith("SM ") and "?/?" not in found["clocks"].detail

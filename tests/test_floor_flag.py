@@ -10,15 +10,15 @@ from dataclasses import replace
 import pytest
 from result_factory import READ_BANDWIDTH, make_result, sweep_result
 
-from moebench.results.compare import compare_results
-from moebench.results.csv_view import result_frame
-from moebench.results.index import ResultIndex
-from moebench.results.markdown import render_markdown
-from moebench.results.plots import bandwidth_plot, make_plots
-from moebench.results.roofline import UNDERSTATED, arm_floor, shape_floors, understated_arms
-from moebench.results.roofline_view import read_floor_text, sweep_floor_rows
-from moebench.results.schema import ReadFloor
-from moebench.results.tables import make_console, print_tables
+from moebench.analysis.compare import compare_results
+from moebench.views.csv_view import result_frame
+from moebench.record.index import ResultIndex
+from moebench.views.markdown import render_markdown
+from moebench.views.plots import bandwidth_plot, make_plots
+from moebench.analysis.roofline import UNDERSTATED, arm_floor, shape_floors, understated_arms
+from moebench.views.roofline_view import read_floor_text, sweep_floor_rows
+from moebench.record.schema import ReadFloor
+from moebench.views.tables import make_console, print_tables
 
 
 def beaten(**kwargs):

@@ -12,10 +12,10 @@ import functools
 import pytest
 import torch
 
-from moebench.determinism import PROOF_RUNS, check_arms, check_batch, check_run_to_run, difference
+from moebench.determinism.checks import PROOF_RUNS, check_arms, check_batch, check_run_to_run, difference
 from moebench.fixtures import derive, fixture_reference, route_plan
 from moebench.fixtures.tokens import take_tokens
-from moebench.kernels.fused_arm import CudaFusedDetArm, make_fused_launch, prepare_fused_weights
+from moebench.kernels.cuda.fused_arm import CudaFusedDetArm, make_fused_launch, prepare_fused_weights
 from moebench.kernels.parity import References, check_parity, compare
 from moebench.kernels.verify import edge_cases
 

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from moebench.kernels import fused_arm
+from moebench.kernels.cuda import fused_arm
 from moebench.kernels.registry import make_arm
-from moebench.kernels.fused_arm import choose_stages
+from moebench.kernels.cuda.fused_arm import choose_stages
 from moebench.timing.audit import kernel_mismatch
 from test_fused_host import _cuobjdump
 
@@ -21,7 +21,7 @@ from test_fused_host import _cuobjdump
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     pytest.importorskip("cuda.core")
-    from moebench.kernels import cuda_build
+    from moebench.kernels.cuda import nvrtc as cuda_build
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
     yield
@@ -41,7 +41,7 @@ def _det_builds():
 
 @pytest.mark.parametrize("block_m,per_sm,cluster", _det_builds())
 def test_deterministic_builds_compile_without_spills(cache, block_m, per_sm, cluster):
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     stages = choose_stages(block_m, 7168, per_sm, cluster)
     m = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(block_m, stages, per_sm, cluster, True))
     for name in (fused_arm.KERNEL_NAME, fused_arm.COMBINE_NAME):
@@ -54,7 +54,7 @@ def test_deterministic_sass_stores_instead_of_reducing(cache, tmp_path):
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     m = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(8, 5, 2, 4, True))
     cubin = tmp_path / "det.cubin"
     cubin.write_bytes(m.cubin)
@@ -87,7 +87,7 @@ def test_deterministic_sass_stores_instead_of_reducing(cache, tmp_path):
 
 def test_the_spilling_deterministic_build_is_refused(cache):
     from moebench.errors import UserError
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     assert fused_arm.deterministic_occupancies(16) == (2,) and fused_arm.deterministic_occupancies(8) == (2, 3)
     with pytest.raises((UserError, RuntimeError), match="two accumulator chains spill"):
         compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(16, 3, 3, 4, True))

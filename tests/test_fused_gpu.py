@@ -15,7 +15,7 @@ import torch
 
 from moebench.fixtures import build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
-from moebench.kernels.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, ZERO_SPAN, CudaFusedArm, fused_moe,
+from moebench.kernels.cuda.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, ZERO_SPAN, CudaFusedArm, fused_moe,
                                         make_fused_launch, prepare_fused_weights, zeroes_in_kernel)
 from moebench.kernels.parity import References, check_parity, compare
 

@@ -16,8 +16,8 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import route_plan
-from moebench.kernels import fused_arm
-from moebench.kernels.fused_arm import choose_stages, prepare_fused_weights, shared_bytes, validate
+from moebench.kernels.cuda import fused_arm
+from moebench.kernels.cuda.fused_arm import choose_stages, prepare_fused_weights, shared_bytes, validate
 
 FP8 = torch.float8_e4m3fn
 
@@ -33,7 +33,7 @@ def _codes(*shape, seed=0):
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     pytest.importorskip("cuda.core")
-    from moebench.kernels import cuda_build
+    from moebench.kernels.cuda import nvrtc as cuda_build
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
     yield
@@ -45,7 +45,7 @@ def cache(tmp_path, monkeypatch):
 def test_compiles_for_sm90a_without_spills(cache, block_m, cluster):
     if cluster == 1 and block_m > fused_arm.MAX_BLOCK_M_ALONE:
         pytest.skip("one CTA an item runs up to MAX_BLOCK_M_ALONE (the host refuses more)")
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     per_sm = fused_arm.ctas_per_sm(block_m, cluster)
     stages = choose_stages(block_m, 7168, per_sm, cluster)
     m = compile_source(fused_arm.SOURCE, defines=fused_arm.kernel_defines(block_m, stages, per_sm, cluster))
@@ -73,7 +73,7 @@ def test_sass_has_the_instructions_we_meant(cache, tmp_path):
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     m = compile_source(fused_arm.SOURCE, defines={"BLOCK_M": "8", "STAGES": "4"})
     cubin = tmp_path / "fused.cubin"
     cubin.write_bytes(m.cubin)
@@ -92,7 +92,7 @@ def test_sass_has_the_instructions_we_meant(cache, tmp_path):
 
 
 def _fused_sass(tool: str, tmp_path: Path, defines: dict[str, str]) -> str:
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     cubin = tmp_path / "fused.cubin"
     cubin.write_bytes(compile_source(fused_arm.SOURCE, defines=defines).cubin)
     return subprocess.run([tool, "-sass", "-fun", fused_arm.KERNEL_NAME, str(cubin)], capture_output=True,
@@ -119,7 +119,7 @@ def test_only_the_zero_out_build_zeroes_and_waits(cache, tmp_path):
 
 
 def test_zeroing_mode_follows_the_occupancy_and_the_source():
-    from moebench.kernels.kernel_source import KernelSource
+    from moebench.kernels.cuda.source import KernelSource
     shipped = fused_arm.shipped_source()
     assert fused_arm.can_zero_in_kernel(shipped)
     assert fused_policy_rule() == {1: False, 2: False, 3: True}
@@ -158,7 +158,7 @@ def test_the_arm_checks_its_zero_option():
 
 def test_launch_blocks_cover_every_routing():
     from moebench.fixtures import plan_capacity
-    from moebench.kernels.fused_arm import launch_blocks
+    from moebench.kernels.cuda.fused_arm import launch_blocks
     assert launch_blocks(72, 257, 8, plan_capacity(72, 257, 8)) == 72  # A8
     assert launch_blocks(1152, 257, 8, plan_capacity(1152, 257, 8)) == 369  # A128: the buffers' size
     g = torch.Generator().manual_seed(3)
@@ -445,7 +445,7 @@ NVCC_RELEASE = "13.0"
 
 
 def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
-    from moebench.kernels.fused_arm import pick_occupancy
+    from moebench.kernels.cuda.fused_arm import pick_occupancy
     two, three = (2, 62), (3, 92)  # clusters of 4 the H200 fits at 2 and 3 CTAs an SM
     # the four fixtures' items (blocks of 8 x one requant group) and what the H200 measured
     assert pick_occupancy(57, [two, three]) == 0  # A8: 1 round either way; 3/SM lost (0.97x)
@@ -458,7 +458,7 @@ def test_pick_occupancy_takes_more_ctas_only_where_they_save_rounds():
 
 
 def test_a_third_round_at_most_half_full_takes_clusters_of_8_or_whole_rounds():
-    from moebench.kernels.fused_policy import tail_launch
+    from moebench.kernels.cuda.fused_policy import tail_launch
     # (items, rounds of 96 clusters of 4 at three CTAs an SM) of the plans at BLOCK_M 8, and what an
     # H100 measured against them (results/h100/experiments/decode-clusters-*)
     assert tail_launch(217, 7168, 3, 96) == (8, None)  # A56, 2.26 rounds: clusters of 8 1.107x
@@ -490,7 +490,7 @@ def test_options_that_set_the_launch_keep_clusters_of_4_before_any_gpu_work():
 
 
 def test_cluster_policy_rule():
-    from moebench.kernels.fused_arm import cluster_policy
+    from moebench.kernels.cuda.fused_arm import cluster_policy
     # persistent launches spread over every SM; one-round launches keep the default placement
     assert cluster_policy(one_round=False) == "load-balancing"
     assert cluster_policy(one_round=True) == "default"
@@ -522,7 +522,7 @@ def _nvcc() -> str | None:
 
 def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
     """(source, defines) for every build an arm launches at the fixtures' K, plus the sanitizer's."""
-    from moebench.kernels.cuda_arms import CUDA_GEMM, CUDA_SWAPAB
+    from moebench.kernels.cuda.arms import CUDA_GEMM, CUDA_SWAPAB
     out: list[tuple[str, dict[str, str]]] = []
     ks = sorted({f.K for f in _FAMILIES.values()} | {2048})
     for bm in (8, 16, 32, fused_arm.MAX_BLOCK_M):
@@ -548,7 +548,7 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
         out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):
         out.append(("sm90_grouped_gemm.cu", cfg.defines()))
-    from moebench.kernels import fused_prefill  # the prefill path's two kernels, as the arm builds them
+    from moebench.kernels.cuda import fused_prefill  # the prefill path's two kernels, as the arm builds them
     out.append((fused_prefill.SOURCE, {"STAGES": str(fused_prefill.STAGES)}))
     known = {s for s, _ in out}
     for p in sorted(fused_arm_kernels_dir().glob("*.cu")):  # a new source compiles with its defaults
@@ -570,7 +570,7 @@ def test_arm_define_sets_cover_every_source():
 @pytest.mark.parametrize("source,defines", _arm_define_sets(),
                          ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items()))
 def test_nvcc_13_0_compiles_every_arm_build_without_spills(tmp_path, source, defines):
-    from moebench.kernels.cuda_build import parse_ptxas_log
+    from moebench.kernels.cuda.nvrtc import parse_ptxas_log
     kdir = fused_arm_kernels_dir()
     cmd = [_nvcc(), "-cubin", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
            f"-I{kdir}", *(f"-D{k}={v}" for k, v in sorted(defines.items())),
@@ -596,7 +596,7 @@ def _nvrtc_13_0() -> str | None:
 
 _COMPILE_ALL = """
 import json, sys
-from moebench.kernels.cuda_build import compile_source, nvrtc_version
+from moebench.kernels.cuda.nvrtc import compile_source, nvrtc_version
 print(json.dumps({"nvrtc": nvrtc_version(), "builds": [
     [source, defines, compile_source(source, defines=defines).build.to_dict()["resources"]]
     for source, defines in json.load(sys.stdin)]}))
@@ -629,8 +629,8 @@ def test_occupancy_beyond_what_compiles_clean_is_refused():
 
 
 def test_a_build_without_the_zeroing_kernel_is_refused_in_one_line(cache):
-    from moebench.kernels.cuda_build import compile_source
-    from moebench.kernels.fused_arm import ZERO_NAME, bind_zero
+    from moebench.kernels.cuda.nvrtc import compile_source
+    from moebench.kernels.cuda.fused_arm import ZERO_NAME, bind_zero
     old = compile_source(f'extern "C" __global__ void {fused_arm.KERNEL_NAME}(int* p) {{ p[0] = 1; }}',
                          name="old_fused.cu")  # an older copy of the file, before the zeroing kernel
     with pytest.raises(UserError, match=f"^old_fused.cu: no {ZERO_NAME} kernel"):

@@ -13,9 +13,9 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry, route_plan
 from moebench.fixtures.builder import fixture_routes
-from moebench.kernels import fused_prefill
-from moebench.kernels.fused_arm import CudaFusedArm
-from moebench.kernels.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, make_prefill_launch, prefill_weights,
+from moebench.kernels.cuda import fused_prefill
+from moebench.kernels.cuda.fused_arm import CudaFusedArm
+from moebench.kernels.cuda.fused_prefill import (BLOCK_M, PrefillWeights, choose_path, make_prefill_launch, prefill_weights,
                                             down_chunk, overlap_down, prefill_overlaps, shared_bytes, split_work,
                                             validate_prefill, work_items)
 
@@ -27,7 +27,7 @@ FP8 = torch.float8_e4m3fn
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     pytest.importorskip("cuda.core")
-    from moebench.kernels import cuda_build
+    from moebench.kernels.cuda import nvrtc as cuda_build
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
     fused_prefill.build_prefill.cache_clear()
@@ -53,7 +53,7 @@ def test_the_host_launches_the_block_each_build_declares():
     """A build's kernels say their block size (the launch bound the driver reports): 384 threads
     for this tree's file, 288 for a file from before the producer warpgroup, nothing else."""
     from types import SimpleNamespace
-    from moebench.kernels.fused_prefill import block_threads
+    from moebench.kernels.cuda.fused_prefill import block_threads
 
     def k(n):
         return SimpleNamespace(attributes=SimpleNamespace(max_threads_per_block=n))
@@ -66,7 +66,7 @@ def test_the_host_launches_the_block_each_build_declares():
 
 def test_the_producer_warpgroup_gives_the_consumers_their_registers():
     """The .cu's setmaxnreg split fits one CTA an SM, and its warpgroup is what the host launches."""
-    from moebench.kernels.kernel_source import KernelSource
+    from moebench.kernels.cuda.source import KernelSource
     src = KernelSource.shipped(fused_prefill.SOURCE).text
     threads = int(re.search(r"constexpr int THREADS = CONSUMERS \+ (\d+);", src).group(1)) + 256
     prod, cons = map(int, re.search(r"PRODUCER_REGS = (\d+), CONSUMER_REGS = (\d+);", src).groups())
@@ -124,7 +124,7 @@ def test_the_builds_apart_carry_none_of_the_overlap(cache, tmp_path):
 
 @pytest.mark.parametrize("stages", [3, 4])
 def test_host_shared_bytes_match_the_kernel_layout(cache, stages):
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     src = (f'#include "{fused_prefill.SOURCE}"\n'
            f'static_assert(SMEM_BYTES == {shared_bytes(stages)}, "host/device shared memory");\n')
     compile_source(src, defines={"STAGES": str(stages)}, name="prefill_smem_check.cu")
@@ -132,7 +132,7 @@ def test_host_shared_bytes_match_the_kernel_layout(cache, stages):
 
 
 def test_a_ring_too_deep_for_an_sm_does_not_compile(cache):
-    from moebench.kernels.cuda_build import CudaBuildError, compile_source
+    from moebench.kernels.cuda.nvrtc import CudaBuildError, compile_source
     assert shared_bytes(5) > 227 * 1024
     with pytest.raises(CudaBuildError, match="sm_90a"):
         compile_source(fused_prefill.SOURCE, defines={"STAGES": "5"})
@@ -266,8 +266,8 @@ def test_arm_path_options():
 
 
 def test_the_prefill_cut_is_an_arm_option_that_picks_the_prefill_kernels():
-    from moebench.kernels.fused_arm import CudaFusedDetArm
-    from moebench.variants import parse_variant
+    from moebench.kernels.cuda.fused_arm import CudaFusedDetArm
+    from moebench.run.variants import parse_variant
     arm = CudaFusedArm(chunk=1)
     assert arm.path == "prefill" and arm.chunk == 1 and arm.splits is None
     assert CudaFusedArm(path="auto", splits=2).path == "auto"  # asked for auto: the plan still decides
@@ -286,7 +286,7 @@ def test_the_prefill_cut_is_an_arm_option_that_picks_the_prefill_kernels():
 
 
 def test_overlap_is_an_arm_option_of_0_or_1():
-    from moebench.variants import parse_variant
+    from moebench.run.variants import parse_variant
     assert CudaFusedArm(overlap=0).path == "prefill" and CudaFusedArm(overlap=1).overlap == 1
     assert parse_variant("o0=cuda-fused:overlap=0").settings == (("overlap", 0),)
     for bad in (2, -1, True, "1", 0.5):
@@ -313,7 +313,7 @@ def test_down_runs_beside_gate_ups_last_round_where_the_model_gains():
 
 
 def test_a_build_without_a_kernel_this_tree_launches_is_one_line(cache):
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     # an older copy of the file: the two kernels apart, none of the overlap's builds
     old = compile_source("\n".join(f'extern "C" __global__ void {name}(int* p) {{ p[0] = 1; }}'
                                     for name in fused_prefill.kernel_names(False)), name="old.cu")
@@ -330,7 +330,7 @@ def test_a_chunk_past_the_tiles_is_refused():
 
 
 def test_builds_and_the_deterministic_arm_run_the_decode_kernel():
-    from moebench.kernels.fused_arm import CudaFusedDetArm, shipped_source
+    from moebench.kernels.cuda.fused_arm import CudaFusedDetArm, shipped_source
     assert CudaFusedDetArm().path == "decode"  # the prefill kernels reduce-add in hardware order
     assert CudaFusedArm(source=shipped_source()).path == "decode"  # a build is of the decode kernel's source
     with pytest.raises(UserError, match="not the deterministic build"):

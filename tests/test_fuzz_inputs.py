@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from result_factory import make_result, run_cli
 
 from moebench.errors import UserError
-from moebench.results import store
-from moebench.results.formats import FORMATS
-from moebench.results.schema import to_plain
-from moebench.stats import summarize, summary_samples
+from moebench.record import store
+from moebench.views.formats import FORMATS
+from moebench.record.schema import to_plain
+from moebench.analysis.stats import summarize, summary_samples
 
 BASE = make_result(shapes=("A8",), arms=("triton", "cuda-fused"), rounds=3, samples=3)
 PLAIN = to_plain(BASE)
@@ -131,8 +131,8 @@ def _shown(result, fmt: str, compare: bool) -> None:
     if not result.samples:
         assert "audit passed" not in out.getvalue()
     if compare:
-        from moebench.results.compare import compare_results
-        from moebench.results.verdicts import Rules
+        from moebench.analysis.compare import compare_results
+        from moebench.analysis.verdicts import Rules
         try:
             compare_results(BASE, result, Rules(), "base", "mutated")
         except UserError as err:

@@ -18,15 +18,15 @@ from moebench.fixtures import Fixture, ShapeRegistry, ShapeSpec, route_plan
 from moebench.fixtures.builder import fixture_routes
 from moebench.fixtures.routing import plan_capacity
 from moebench.fixtures.shapes import Family, fixture_build_bytes
-from moebench.kernels import fused_prefill
+from moebench.kernels.cuda import fused_prefill
 from moebench.kernels.arm import geometry_refusals
-from moebench.kernels.cuda_arms import BLOCK_R, CUDA_GEMM, CUDA_SWAPAB, gemm_grid, swiglu_grid
-from moebench.kernels.fused_arm import CudaFusedArm, CudaFusedDetArm
-from moebench.kernels.fused_layout import CLUSTERS, DEFAULT_CLUSTER
-from moebench.kernels.fused_policy import (TAIL_CLUSTER, WIDE_K, choose_stages, default_block_m,
+from moebench.kernels.cuda.arms import BLOCK_R, CUDA_GEMM, CUDA_SWAPAB, gemm_grid, swiglu_grid
+from moebench.kernels.cuda.fused_arm import CudaFusedArm, CudaFusedDetArm
+from moebench.kernels.cuda.fused_layout import CLUSTERS, DEFAULT_CLUSTER
+from moebench.kernels.cuda.fused_policy import (TAIL_CLUSTER, WIDE_K, choose_stages, default_block_m,
                                            deterministic_occupancies, kernel_defines, launch_blocks, occupancies,
                                            zeroes_in_kernel)
-from moebench.kernels.triton_arms import StockTritonArm
+from moebench.kernels.stock.arms import StockTritonArm
 from moebench.kernels.verify import EDGE_CASE_M, _routes_on, empty_expert_set
 
 MS = (1, 8, 128, 4096)
@@ -198,8 +198,8 @@ def test_cuda_fused_refuses_what_its_prefill_offsets_cannot_hold():
 
 
 def test_a_shape_no_arm_serves_is_a_user_error_before_any_fixture(monkeypatch):
-    from moebench import prepare as prep
-    from moebench.plan import ArmPlan, RunRequest
+    from moebench.run import prepare as prep
+    from moebench.run.plan import ArmPlan, RunRequest
     built = []
     monkeypatch.setattr(prep, "build_fixture", lambda spec: built.append(spec))
     monkeypatch.setattr(CudaFusedArm, "unavailable_reason", lambda self, device: None)
@@ -226,7 +226,7 @@ cuda_core = pytest.importorskip("cuda.core")
 def cache(tmp_path_factory):
     import os
 
-    from moebench.kernels import cuda_build
+    from moebench.kernels.cuda import nvrtc as cuda_build
     old = os.environ.get("MOEBENCH_CACHE")
     os.environ["MOEBENCH_CACHE"] = str(tmp_path_factory.mktemp("nvrtc"))
     cuda_build.clear_memo()
@@ -241,7 +241,7 @@ def cache(tmp_path_factory):
 def test_nvrtc_builds_every_define_set_the_matrix_takes(cache):
     from test_fused_host import _arm_define_sets, _nvrtc_13_0
 
-    from moebench.kernels.cuda_build import compile_source
+    from moebench.kernels.cuda.nvrtc import compile_source
     if not DEFINE_SETS:
         pytest.skip("the host checks did not run (run the whole file)")
     builds = sorted(DEFINE_SETS) + [("sm90_grouped_gemm.cu", tuple(sorted(c.defines().items())))

@@ -6,8 +6,8 @@ from statistics import median, quantiles
 import pytest
 import torch
 
-from moebench.measure import TimingProtocol, cuda_backend, measure
-from moebench.results.schema import DeclaredKernel
+from moebench.timing.measure import TimingProtocol, cuda_backend, measure
+from moebench.record.schema import DeclaredKernel
 from moebench.timing.engine import Unit
 
 pytestmark = pytest.mark.gpu
@@ -44,8 +44,8 @@ def test_l2_is_cold_under_graph_replay():
 
 
 def test_real_arms_captured_replayed_and_audited(tmp_path):
-    from moebench.plan import RunRequest
-    from moebench.runner import run
+    from moebench.run.plan import RunRequest
+    from moebench.run.runner import run
     kw = dict(shapes=("Q8",), arms=("triton", "cuda-fused"), rounds=2, samples=5, warmup=2,
               out_dir=str(tmp_path), measure_bandwidth=False)
     graph, _ = run(RunRequest(**kw, sampler="graph"))
@@ -65,8 +65,8 @@ def test_injected_slowdown_arm_is_checked_audited_and_slower(tmp_path, monkeypat
     """scripts/aa_arms.py, the A/A proof's arms: the slowed call passes parity, its extra kernel
     is declared and audited, and it is slower than the plain call by about what it injected."""
     from pathlib import Path
-    from moebench.plan import RunRequest
-    from moebench.runner import run
+    from moebench.run.plan import RunRequest
+    from moebench.run.runner import run
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     kw = dict(shapes=("A8",), arms=(), rounds=3, samples=10, warmup=2, measure_bandwidth=False)
     plain, _ = run(RunRequest(**kw, external_arms=("fused=scripts.aa_arms:fused",), out_dir=str(tmp_path / "a")))

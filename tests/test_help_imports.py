@@ -42,5 +42,5 @@ def test_every_help_answers_without_torch_triton_or_cuda():
 
 def test_the_choices_help_shows_are_the_ones_the_stages_use():
     from moebench import choices
-    from moebench.results.compare_view import COMPARE_FORMATS
+    from moebench.views.compare_view import COMPARE_FORMATS
     assert tuple(COMPARE_FORMATS) == choices.COMPARE_FORMAT_NAMES

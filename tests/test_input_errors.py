@@ -13,8 +13,8 @@ import pytest
 from result_factory import make_result, run_cli
 
 from moebench.errors import UserError
-from moebench.results import store
-from moebench.results.schema import to_plain
+from moebench.record import store
+from moebench.record.schema import to_plain
 
 
 def _one_line(err: str) -> str:
@@ -81,7 +81,7 @@ def test_a_forged_number_is_refused_naming_its_field(tmp_path, good, label):
 def test_a_time_far_under_the_physical_floor_is_refused(tmp_path, good):
     # Samples and summaries agree, but the bandwidth the floor is taken at says the bytes alone
     # need about 40x the times stored: no GPU measured those.
-    from moebench.stats import summarize
+    from moebench.analysis.stats import summarize
     slow = good.provenance.gpu.read_bandwidth_bytes_per_s / 40
     summaries, ratios = summarize(good.samples, good.settings.shapes, good.settings.arms, good.settings.ref,
                                   {f.name: f.floors.hbm_bytes for f in good.fixtures}, slow)
@@ -232,7 +232,7 @@ def test_doctor_names_an_unusable_cache_folder_not_nvrtc(monkeypatch):
 
 
 def test_doctor_spells_out_errors_that_carry_no_message():
-    from moebench.doctor import _first_line
+    from moebench.tasks.doctor import _first_line
 
     class NVMLError_LibraryNotFound(Exception):  # noqa: N801  (pynvml's naming)
         pass

@@ -14,8 +14,8 @@ from moebench.fixtures import Family, ShapeRegistry, ShapeSpec, build_fixture
 from moebench.fixtures.models import MODELS, Layout, find_model, parse_layout, rank_geometry, valid_layouts
 from moebench.fixtures.shapes import DEFAULT_SEEDS, derived_seed
 from moebench.fixtures.summary import fixture_summary
-from moebench.plan import sweep_shapes
-from moebench.results import schema as S
+from moebench.run.plan import sweep_shapes
+from moebench.record import schema as S
 
 # Each model's MoE fields as its config.json on the Hugging Face hub states them (docs/models.md
 # says how each was checked): hidden_size, n_routed_experts / num_experts, num_experts_per_tok,
@@ -154,7 +154,7 @@ def test_registry_fixtures_are_deterministic_and_recorded():
     summary = fixture_summary(a)
     assert (summary["family"], summary["model"], summary["layout"], summary["config"]) == (
         "qwen3-30b-a3b/ep64", "Qwen3-30B-A3B", "ep64", "Qwen/Qwen3-30B-A3B config.json")
-    from moebench.prepare import _fixture_info
+    from moebench.run.prepare import _fixture_info
     info = _fixture_info(summary)
     assert (info.model, info.layout, info.config) == ("Qwen3-30B-A3B", "ep64", "Qwen/Qwen3-30B-A3B config.json")
     assert S.from_plain(S.FixtureInfo, S.to_plain(info)) == info
@@ -230,7 +230,7 @@ def test_the_docs_tables_are_the_registry():
 
 
 def test_a_model_shape_names_one_file_where_a_shape_names_a_file():
-    from moebench.distributed import cell_filename
+    from moebench.run.distributed import cell_filename
     assert cell_filename("deepseek-v3/ep8/M8") == "deepseek-v3_ep8_M8.json" and cell_filename("A8") == "A8.json"
 
 

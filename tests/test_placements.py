@@ -11,11 +11,11 @@ from timing_fakes import FakeGpu, FakeTracer, fake_kernels
 
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.registry import ARMS, add_arm
-from moebench.results.markdown import render_markdown
-from moebench.results.store import load
-from moebench.results.tables import print_tables
-from moebench.runner import RunFailed, RunRequest, run
-from moebench.stats import placement_summaries
+from moebench.views.markdown import render_markdown
+from moebench.record.store import load
+from moebench.views.tables import print_tables
+from moebench.run.runner import RunFailed, RunRequest, run
+from moebench.analysis.stats import placement_summaries
 from moebench.timing.engine import EngineConfig, Unit, run_rounds
 from moebench.timing.graphs import graph_units
 from moebench.timing.timers import KernelRecordTimer
@@ -109,7 +109,7 @@ def test_a_run_times_every_copy_in_turn_and_reports_each_placement(tmp_path):
 
 
 def test_one_placement_is_the_plain_run_and_compare_notes_the_difference(tmp_path):
-    from moebench.results.compare import compare_results
+    from moebench.analysis.compare import compare_results
     one, _ = run(RunRequest(shapes=("T8",), arms=("placed-ref",), rounds=3, samples=2, warmup=0,
                             out_dir=str(tmp_path), measure_bandwidth=False, placements=1), backend())
     three, _ = run(RunRequest(shapes=("T8",), arms=("placed-ref",), rounds=3, samples=2, warmup=0,
@@ -144,7 +144,7 @@ def test_a_resumed_run_keeps_its_placements(tmp_path):
     import test_resume
     from test_resume import Crash, only_file
 
-    from moebench.runner import resume
+    from moebench.run.runner import resume
     req = replace(test_resume.request(tmp_path, rounds=5), placements=2, order_seed=7)
     with pytest.raises(RuntimeError, match="fell off the bus"):
         run(req, test_resume.backend(Crash(4)))
@@ -157,7 +157,7 @@ def test_a_resumed_run_keeps_its_placements(tmp_path):
 
 
 def test_the_default_protocol_records_its_seed_placements_and_floor(tmp_path):
-    from moebench.plan import REF_AA
+    from moebench.run.plan import REF_AA
     PREPARED.clear()
     req = RunRequest(shapes=("T8",), arms=("placed-ref", "placed-slow"), rounds=4, samples=4, warmup=0,
                      out_dir=str(tmp_path), placements=2, aa_arm=REF_AA, measure_bandwidth=False)

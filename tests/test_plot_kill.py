@@ -13,7 +13,7 @@ import time
 
 from result_factory import make_result
 
-from moebench.results import store
+from moebench.record import store
 
 PNG_END = b"IEND\xaeB`\x82"  # a PNG's last chunk, whole
 

@@ -7,8 +7,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from result_factory import make_result, sweep_result
 
-from moebench.results.index import ResultIndex
-from moebench.results.plots import make_plots, plot_filename, write_plots
+from moebench.record.index import ResultIndex
+from moebench.views.plots import make_plots, plot_filename, write_plots
 
 ARMS = ("triton", "sglang", "cuda-gemm", "cuda-swapab", "cuda-fused")
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from moebench.results.compare import compare_results
-from moebench.results.compare_view import render_markdown as compare_markdown
-from moebench.results.markdown import render_markdown
-from moebench.results.pr_view import render_pr
-from moebench.results.store import load
-from moebench.results.ratio_verdicts import ratio_verdicts
-from moebench.results.verdicts import Verdict
+from moebench.analysis.compare import compare_results
+from moebench.views.compare_view import render_markdown as compare_markdown
+from moebench.views.markdown import render_markdown
+from moebench.views.pr_view import render_pr
+from moebench.record.store import load
+from moebench.analysis.ratio_verdicts import ratio_verdicts
+from moebench.analysis.verdicts import Verdict
 from result_factory import make_result, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,10 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from moebench.noise import measured_floors
-from moebench.results.ratio_verdicts import ratio_verdicts, run_floor
-from moebench.results.schema import Audit, Sample
-from moebench.results.verdicts import Verdict
+from moebench.run.noise import measured_floors
+from moebench.analysis.ratio_verdicts import ratio_verdicts, run_floor
+from moebench.record.schema import Audit, Sample
+from moebench.analysis.verdicts import Verdict
 from result_factory import make_result
 
 BASE_NS = 24_000.0

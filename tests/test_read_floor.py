@@ -13,11 +13,11 @@ import pytest
 import torch
 from timing_fakes import FakeGpu, FakeTracer, make_result
 
-from moebench.measure import TimingBackend, TimingProtocol, measure
-from moebench.read_floor import READ_CONFIGS, ReadProbe, best_read, config_named
-from moebench.results.device_peaks import hbm_datasheet
-from moebench.results.schema import GpuInfo
-from moebench.results.store import dumps, load, loads
+from moebench.timing.measure import TimingBackend, TimingProtocol, measure
+from moebench.timing.read_floor import READ_CONFIGS, ReadProbe, best_read, config_named
+from moebench.record.device_peaks import hbm_datasheet
+from moebench.record.schema import GpuInfo
+from moebench.record.store import dumps, load, loads
 from moebench.errors import UserError
 from moebench.timing.engine import Unit
 from moebench.timing.timers import KernelRecordTimer
@@ -103,7 +103,7 @@ def test_the_floor_is_saved_with_the_gpu_and_a_version_1_file_still_loads(tmp_pa
     gpu_info = replace(result.provenance.gpu, read_bandwidth_bytes_per_s=m.read_bandwidth_bytes_per_s,
                        read_floor=m.read_floor)
     saved = replace(result, provenance=replace(result.provenance, gpu=gpu_info))
-    from moebench.stats import summarize, summary_samples  # its summaries' bandwidth shares follow the new floor
+    from moebench.analysis.stats import summarize, summary_samples  # its summaries' bandwidth shares follow the new floor
     summaries, _ = summarize(summary_samples(saved), saved.settings.shapes, saved.settings.arms, saved.settings.ref,
                              {f.name: f.floors.hbm_bytes for f in saved.fixtures}, m.read_bandwidth_bytes_per_s)
     saved = replace(saved, summaries=summaries)
@@ -117,7 +117,7 @@ def test_the_floor_is_saved_with_the_gpu_and_a_version_1_file_still_loads(tmp_pa
         del c["power_limit_w"]
     path = tmp_path / "old.json.gz"
     path.write_bytes(gzip.compress(json.dumps(plain).encode()))
-    from moebench.results.validate import problems
+    from moebench.analysis.validate import problems
     assert problems(saved) == []
     lying = replace(saved, provenance=replace(saved.provenance, gpu=replace(
         gpu_info, read_floor=replace(m.read_floor, config="nowhere"))))
@@ -129,7 +129,7 @@ def test_the_floor_is_saved_with_the_gpu_and_a_version_1_file_still_loads(tmp_pa
 
 def test_probe_read_prints_every_layout_and_the_floor(capsys):
     from moebench.cli.probe_cmd import read_floor_lines
-    from moebench.fidelity import run_read_floor
+    from moebench.tasks.probe import run_read_floor
     gpu, events = FakeGpu(), []
     floor = run_read_floor(samples=4, backend=_backend(gpu, events, {"8x256x4": 360_000, "2x512x8": 330_000}))
     assert floor.config == "2x512x8" and floor.samples == 4 and events[0] == "warm"
@@ -147,7 +147,7 @@ cuda_core = pytest.importorskip("cuda.core")
 
 
 def test_the_read_kernel_compiles_for_sm90a_without_spills(tmp_path, monkeypatch):
-    from moebench.kernels import cuda_build
+    from moebench.kernels.cuda import nvrtc as cuda_build
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
     m = cuda_build.compile_source("sm90_read_probe.cu")

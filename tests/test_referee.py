@@ -10,9 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from moebench.results.formats import FORMATS
-from moebench.results.schema import KernelRecord, Sample
-from moebench.stats import kernel_summaries, referee_checks
+from moebench.views.formats import FORMATS
+from moebench.record.schema import KernelRecord, Sample
+from moebench.analysis.stats import kernel_summaries, referee_checks
 from moebench.timing.audit import kernel_labels
 from result_factory import make_result
 
@@ -30,7 +30,7 @@ def test_busy_time_is_the_union_of_the_kernels_intervals():
 
 
 def test_kernel_labels_follow_the_declaration_order_like_the_audit():
-    from moebench.results.schema import DeclaredKernel
+    from moebench.record.schema import DeclaredKernel
     decl = (DeclaredKernel("gemm1", "^fused_moe_kernel$", 1), DeclaredKernel("act", "^act$", 1),
             DeclaredKernel("gemm2", "^fused_moe_kernel$", 1))
     assert kernel_labels(["fused_moe_kernel", "act", "fused_moe_kernel"], decl) == ["gemm1", "act", "gemm2"]
@@ -96,7 +96,7 @@ def try_get_optimal_moe_config(*args, **kwargs):
 @pytest.fixture
 def fake_sglang(tmp_path, monkeypatch):
     """An installed `sglang` 9.9.9 whose package does not import whole (as without its deps)."""
-    from moebench.kernels import sglang_arm
+    from moebench.kernels.stock import sglang_arm
     site = tmp_path / "site"
     files = {
         "sglang/__init__.py": "raise ImportError('the whole engine needs orjson')\n",

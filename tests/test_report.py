@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moebench.results.csv_view import render_csv, result_frame
-from moebench.results.formats import FORMATS
-from moebench.results.index import ResultIndex
-from moebench.results.markdown import Image, method_sentence, render_markdown
-from moebench.results.plots import make_plots, write_plots
-from moebench.results.store import load, loads, save
+from moebench.views.csv_view import render_csv, result_frame
+from moebench.views.formats import FORMATS
+from moebench.record.index import ResultIndex
+from moebench.views.markdown import Image, method_sentence, render_markdown
+from moebench.views.plots import make_plots, write_plots
+from moebench.record.store import load, loads, save
 from result_factory import make_result, run_cli, sweep_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_markdown_tables_are_rectangular(synthetic):
 def test_markdown_warns_on_failed_audit_and_events_timer():
     from dataclasses import replace
 
-    from moebench.results.schema import Audit
+    from moebench.record.schema import Audit
     r = make_result(rounds=2, samples=2, timer="events")
     r = replace(r, audit=Audit(samples_total=8, samples_passed=7, dropped_records=1))
     md = render_markdown(r)
@@ -251,7 +251,7 @@ def test_report_command_prints_each_format(fmt, tmp_path):
 
 def test_factory_statistics_agree_with_moebench_stats():
     """The synthetic results are filled the way a real run fills them."""
-    from moebench.stats import summarize
+    from moebench.analysis.stats import summarize
     r = make_result(shapes=("A8", "Q128"), arms=("triton", "cuda-swapab", "cuda-fused"), rounds=4, samples=5)
     summaries, ratios = summarize(r.samples, r.settings.shapes, r.settings.arms, r.settings.ref,
                                   {f.name: f.floors.hbm_bytes for f in r.fixtures},
@@ -281,7 +281,7 @@ def test_summary_format_is_the_first_screen_only():
 
 
 def test_report_ref_retakes_the_ratios_against_another_arm_of_the_run(tmp_path):
-    from moebench.stats import with_ref
+    from moebench.analysis.stats import with_ref
     r = make_result(shapes=("A8",), arms=("triton", "cuda-swapab", "cuda-fused"), rounds=4, samples=5)
     s = with_ref(r, "cuda-swapab")
     assert s.settings.ref == "cuda-swapab" and s.summaries == r.summaries

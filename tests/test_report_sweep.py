@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import moebench.runner as runner
-from moebench.plan import sweep_shapes
+import moebench.run.runner as runner
+from moebench.run.plan import sweep_shapes
 from moebench.errors import UserError
-from moebench.results.store import save
+from moebench.record.store import save
 from result_factory import run_cli, sweep_result
 
 

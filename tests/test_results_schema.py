@@ -7,9 +7,9 @@ from rich.console import Console
 from timing_fakes import make_result
 
 from moebench.errors import UserError
-from moebench.results import store
-from moebench.results.schema import SCHEMA_VERSION
-from moebench.results.tables import audit_line, print_tables, ratio_table, summary_table
+from moebench.record import store
+from moebench.record.schema import SCHEMA_VERSION
+from moebench.views.tables import audit_line, print_tables, ratio_table, summary_table
 
 
 @pytest.mark.parametrize("timer", ["cupti", "events"])
@@ -77,7 +77,7 @@ def test_tables_label_events_and_findings():
 
 
 def test_package_sha256_names_the_source(tmp_path):
-    from moebench.results.provenance import package_sha256
+    from moebench.record.provenance import package_sha256
     pkg = tmp_path / "pkg"
     (pkg / "kernels").mkdir(parents=True)
     (pkg / "a.py").write_text("x = 1\n")
@@ -94,7 +94,7 @@ def test_package_sha256_names_the_source(tmp_path):
 def test_atomic_write_replaces_whole_and_leaves_no_temporaries(tmp_path):
     import os
 
-    from moebench.atomic_write import atomic_write
+    from moebench.record.atomic import atomic_write
     target = tmp_path / "r.json"
     atomic_write(target, b"old")
     atomic_write(target, b"new contents")
@@ -106,7 +106,7 @@ def test_atomic_write_replaces_whole_and_leaves_no_temporaries(tmp_path):
 
 
 def test_create_whole_never_replaces_and_never_shows_an_empty_file(tmp_path):
-    from moebench.atomic_write import create_whole
+    from moebench.record.atomic import create_whole
     target = tmp_path / "r.json"
     assert create_whole(target, b"first") is True
     assert create_whole(target, b"second") is False

@@ -18,13 +18,13 @@ import torch
 from timing_fakes import FakeTracer
 
 from moebench.errors import UserError
-from moebench.measure import TimingBackend
-from moebench.read_floor import ReadProbe
-from moebench.partial import IN_PROGRESS
-from moebench.results import schema as S
-from moebench.results.store import load, save
-from moebench.results.validate import problems
-from moebench.runner import RunRequest, resume, run
+from moebench.timing.measure import TimingBackend
+from moebench.timing.read_floor import ReadProbe
+from moebench.run.partial import IN_PROGRESS
+from moebench.record import schema as S
+from moebench.record.store import load, save
+from moebench.analysis.validate import problems
+from moebench.run.runner import RunRequest, resume, run
 from moebench.timing.engine import NoMarkers, Unit
 from moebench.timing.timers import KernelRecordTimer
 
@@ -123,7 +123,7 @@ def test_a_stopped_run_leaves_a_partial_file_that_resume_completes(tmp_path, who
     if done_rounds:
         assert partial.summaries and all(len(x.row_medians_ns) == done_rounds for x in partial.summaries)
 
-    from moebench.results.report import make_report
+    from moebench.views.report import make_report
     for fmt, needle in (("markdown", "**Incomplete:** "), ("table", "INCOMPLETE: ")):
         assert f"{needle}{done_rounds} of {ROUNDS} rounds done, {st.reason}" in make_report(partial, fmt).text
 
@@ -146,7 +146,7 @@ def test_resume_refuses_other_settings_fixtures_and_builds_in_one_line(tmp_path,
 
     import resume_child
 
-    import moebench.runner as runner
+    import moebench.run.runner as runner
     from moebench.cli import main
     monkeypatch.setattr(runner, "cuda_backend", resume_child.fake_backend)
 
@@ -235,7 +235,7 @@ def test_a_complete_or_foreign_file_is_not_resumed(tmp_path):
 def test_compare_refuses_an_incomplete_run(tmp_path):
     from result_factory import make_result
 
-    from moebench.results.compare import compare_results
+    from moebench.analysis.compare import compare_results
     a = make_result()
     b = replace(a, status=S.RunStatus(complete=False, reason="interrupted by SIGINT", rounds_done=2, request={}))
     with pytest.raises(UserError, match=rf"B is incomplete \(2 of {a.settings.rounds} rounds, interrupted by SIGINT\)"):
@@ -361,7 +361,7 @@ def test_noise_floors_are_written_when_the_run_is_complete_and_a_resume_keeps_th
 
     import resume_child
 
-    import moebench.runner as runner
+    import moebench.run.runner as runner
     from moebench.cli import main
     monkeypatch.setattr(runner, "cuda_backend", resume_child.fake_backend)
     before = path.read_bytes()

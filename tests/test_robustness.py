@@ -10,8 +10,8 @@ from result_factory import make_result, run_cli
 
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry
-from moebench.results.store import save
-from moebench.stats import with_ref
+from moebench.record.store import save
+from moebench.analysis.stats import with_ref
 
 
 def _shapes(tmp_path, body: str):

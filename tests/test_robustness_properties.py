@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry
 from moebench.fixtures.shapes import MAX_M, load_shapes_file
-from moebench.results import store
-from moebench.results.formats import FORMATS
+from moebench.record import store
+from moebench.views.formats import FORMATS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
 # Small committed files of different kinds (builds, flush modes): their samples load fast.

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from moebench.results.device_peaks import FP8_DENSE_PEAKS, fp8_dense_peak
-from moebench.results.index import ResultIndex
-from moebench.results.markdown import render_markdown
-from moebench.results.plots import make_plots
-from moebench.results.roofline import FP8, HBM, floor_series, shape_floors, times_floor
-from moebench.results.roofline_view import FLOOR_HEADER, sweep_floor_rows
-from moebench.results.schema import CellInfo, Sharding
-from moebench.results.store import load
+from moebench.record.device_peaks import FP8_DENSE_PEAKS, fp8_dense_peak
+from moebench.record.index import ResultIndex
+from moebench.views.markdown import render_markdown
+from moebench.views.plots import make_plots
+from moebench.analysis.roofline import FP8, HBM, floor_series, shape_floors, times_floor
+from moebench.views.roofline_view import FLOOR_HEADER, sweep_floor_rows
+from moebench.record.schema import CellInfo, Sharding
+from moebench.record.store import load
 from result_factory import make_result, sweep_result
 
 SWEEP_A = Path(__file__).resolve().parents[1] / "results" / "h200" / "sweep-A.json.gz"

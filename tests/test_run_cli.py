@@ -9,9 +9,9 @@ from timing_fakes import FakeGpu, FakeTracer
 from moebench.cli import main
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.registry import ARMS, add_arm
-from moebench.read_floor import ReadProbe
-from moebench.results.store import load
-from moebench.runner import RunFailed, RunRequest, TimingBackend, result_filename, run
+from moebench.timing.read_floor import ReadProbe
+from moebench.record.store import load
+from moebench.run.runner import RunFailed, RunRequest, TimingBackend, result_filename, run
 from moebench.timing.engine import Unit
 from moebench.timing.timers import KernelRecordTimer
 
@@ -132,7 +132,7 @@ def test_cli_without_gpu_says_so(capsys):
 
 
 def test_ncu_csv_parsing():
-    from moebench.fidelity import parse_ncu_csv
+    from moebench.tasks.probe import parse_ncu_csv
     text = '\n'.join([
         "==PROF== Connected to process 1",
         '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
@@ -176,7 +176,7 @@ def test_an_unwritable_out_folder_is_refused_before_any_work(tmp_path):
 
 
 def test_two_runs_started_in_the_same_second_keep_both_results(tmp_path, monkeypatch):
-    import moebench.runner as runner
+    import moebench.run.runner as runner
     monkeypatch.setattr(runner, "utc_now", lambda: "2026-12-01T12:00:00Z")
     req = RunRequest(shapes=("T8",), arms=("fake-ref",), rounds=1, samples=1, warmup=0, out_dir=str(tmp_path),
                      measure_bandwidth=False)
@@ -200,7 +200,7 @@ def test_shapes_are_sized_before_anything_is_allocated(capsys):
 def test_report_write_mistakes_are_one_line(tmp_path, capsys):
     from result_factory import make_result
 
-    from moebench.results.store import save
+    from moebench.record.store import save
     path = save(make_result(), tmp_path / "r.json")
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -229,7 +229,7 @@ class _UnbuildableArm(_FakeArm):
     """An arm whose kernel source NVRTC rejects, as a broken `--build` does."""
 
     def prepare(self, fx):
-        from moebench.kernels.cuda_build import CudaBuildError
+        from moebench.kernels.cuda.nvrtc import CudaBuildError
         raise CudaBuildError("NVRTC failed to compile bad.cu for sm_90a: NVRTC_ERROR_COMPILATION\n"
                              "bad.cu(1): error: expected a declaration\n  this is not CUDA;\n  ^\n")
 

@@ -18,15 +18,16 @@ from rich.console import Console
 from run_fakes import fake_backend
 
 import determinism_planted as planted
-from moebench import run_determinism, runner
-from moebench.determinism import NOT_REMADE, check_arms, check_prepared
+from moebench.run import determinism as run_determinism
+from moebench.run import runner
+from moebench.determinism.checks import NOT_REMADE, check_arms, check_prepared
 from moebench.fixtures import build_fixture
 from moebench.kernels.registry import external_arm_factories, make_arms
-from moebench.results.determinism_view import det_text
-from moebench.results.store import load, save
-from moebench.results.tables import summary_table
-from moebench.results.validate import problems
-from moebench.runner import RunRequest, resume, run
+from moebench.views.determinism_view import det_text
+from moebench.record.store import load, save
+from moebench.views.tables import summary_table
+from moebench.analysis.validate import problems
+from moebench.run.runner import RunRequest, resume, run
 from result_factory import make_result, run_cli
 
 pytestmark = pytest.mark.usefixtures("interpreted_triton")
@@ -147,7 +148,7 @@ def test_report_and_markdown_show_the_column(det_run):
 
 
 def test_det_cells_say_which_check_failed():
-    from moebench.results.determinism_records import CrossProcess, DeterminismVerdict, RunToRun
+    from moebench.record.determinism import CrossProcess, DeterminismVerdict, RunToRun
     base = DeterminismVerdict("a", "T4", 4, RunToRun(5, 0, 0, 0.0), (), CrossProcess("x", "x"))
     assert det_text(base) == "bitwise · invariant"
     assert det_text(replace(base, cross_process=CrossProcess("x", "y"))) == "differs across processes · invariant"
@@ -214,7 +215,7 @@ def test_arms_a_fresh_process_cannot_make_say_so(tmp_path, monkeypatch):
 
 
 def test_a_sweeps_merged_result_keeps_each_cells_verdicts(det_run):
-    from moebench.sweep_cells import merge
+    from moebench.run.sweep_cells import merge
     _, _, _, result, _ = det_run
     cells = []
     for shape in ("T4", "T8"):
@@ -226,7 +227,7 @@ def test_a_sweeps_merged_result_keeps_each_cells_verdicts(det_run):
 
 
 def make_sharded(shape):
-    from moebench.results import schema as S
+    from moebench.record import schema as S
     return S.Sharding(2, "gloo", False, {}, cells=(S.CellInfo(shape, 0, "host", "cpu", None, None, None, 1.0,
                                                               "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z"),))
 

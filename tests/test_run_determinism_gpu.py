@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench.prepare import prepare
-from moebench.results.determinism_view import det_text
-from moebench.results.store import load
-from moebench.run_determinism import with_determinism
-from moebench.runner import RunRequest, planned
+from moebench.run.prepare import prepare
+from moebench.views.determinism_view import det_text
+from moebench.record.store import load
+from moebench.run.determinism import with_determinism
+from moebench.run.runner import RunRequest, planned
 from result_factory import run_cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90")]

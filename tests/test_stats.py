@@ -1,7 +1,7 @@
 import pytest
 
-from moebench.results.schema import KernelRecord, Sample
-from moebench.stats import arm_median, arm_summary, ratio_summary, rows_by_round, summarize
+from moebench.record.schema import KernelRecord, Sample
+from moebench.analysis.stats import arm_median, arm_summary, ratio_summary, rows_by_round, summarize
 
 
 def s(arm, r, i, ns, shape="A8"):
@@ -63,7 +63,7 @@ def _committed_results():
 def test_committed_statistics_derive_from_committed_samples(path):
     """Every stored median, row and ratio of an H200 run is what the named functions give
     from the run's own stored samples: a reader can redo the numbers from the file."""
-    from moebench.results.store import load
+    from moebench.record.store import load
     r = load(path)
     summaries, ratios = summarize(r.samples, r.settings.shapes, r.settings.arms, r.settings.ref,
                                   {f.name: f.floors.hbm_bytes for f in r.fixtures} or

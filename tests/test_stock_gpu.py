@@ -19,7 +19,7 @@ ORACLE_BOUND = 5e-2
 
 
 def _engine():
-    from moebench.kernels.sglang_arm import load_engine, sglang_version
+    from moebench.kernels.stock.sglang_arm import load_engine, sglang_version
     if sglang_version() is None:
         pytest.skip("SGLang is not installed")
     return load_engine()
@@ -102,7 +102,7 @@ def test_triton_and_the_referee_agree_closely(fixtures):
 def test_a_pdl_run_is_audited_clean(arm, tmp_path):
     if arm == "sglang":
         _engine()
-    from moebench.runner import RunRequest, run
+    from moebench.run.runner import RunRequest, run
     result, _ = run(RunRequest(shapes=("Q8",), arms=(arm,), rounds=2, samples=10, warmup=2,
                                out_dir=str(tmp_path), measure_bandwidth=False))
     assert result.audit.passed, result.audit.findings[:3]

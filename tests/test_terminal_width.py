@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from moebench.results.index import us
-from moebench.results.store import load
+from moebench.record.index import us
+from moebench.record.store import load
 from result_factory import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

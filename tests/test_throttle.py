@@ -10,12 +10,12 @@ import pytest
 from result_factory import make_result
 
 from moebench.errors import UserError
-from moebench.results.compare import Verdict, compare_results
-from moebench.results.compare_view import render_markdown, render_table
-from moebench.results.schema import ClockSample
-from moebench.results.tables import throttle_lines
-from moebench.results.throttle import RunThrottle, plan, run_line
-from moebench.results.verdicts import parse_rules
+from moebench.analysis.compare import Verdict, compare_results
+from moebench.views.compare_view import render_markdown, render_table
+from moebench.record.schema import ClockSample
+from moebench.views.tables import throttle_lines
+from moebench.analysis.throttle import RunThrottle, plan, run_line
+from moebench.analysis.verdicts import parse_rules
 
 
 def capped(rounds, which, why=("sw_power_cap",)):

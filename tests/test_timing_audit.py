@@ -1,4 +1,4 @@
-from moebench.results.schema import DeclaredKernel, KernelRecord, Sample
+from moebench.record.schema import DeclaredKernel, KernelRecord, Sample
 from moebench.timing.audit import audit_intervals, audit_samples, kernel_mismatch
 from moebench.timing.records import TaggedKernel
 

@@ -2,7 +2,7 @@
 
 from timing_fakes import FakeGpu, FakeTracer, fake_kernels
 
-from moebench.results.schema import ClockSample, DeclaredKernel
+from moebench.record.schema import ClockSample, DeclaredKernel
 from moebench.timing.audit import audit_intervals, audit_samples
 from moebench.timing.engine import EngineConfig, Unit, run_rounds
 from moebench.timing.timers import EventTimer, KernelRecordTimer

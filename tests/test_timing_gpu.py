@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from moebench.errors import UserError
-from moebench.measure import TimingProtocol, cuda_backend, measure
-from moebench.results.schema import DeclaredKernel
+from moebench.timing.measure import TimingProtocol, cuda_backend, measure
+from moebench.record.schema import DeclaredKernel
 from moebench.timing.engine import Unit
 
 pytestmark = pytest.mark.gpu
@@ -104,8 +104,8 @@ def test_read_bandwidth_probe_is_plausible():
 
 
 def test_the_read_floor_is_its_best_layout_beats_torch_sum_and_stays_under_the_datasheet():
-    from moebench.fidelity import run_read_floor
-    from moebench.read_floor import READ_CONFIGS
+    from moebench.tasks.probe import run_read_floor
+    from moebench.timing.read_floor import READ_CONFIGS
     floor = run_read_floor(samples=20)
     assert floor is not None and set(floor.configs) == {c.name for c in READ_CONFIGS}
     assert floor.bytes_per_s == max(floor.configs.values()) == floor.configs[floor.config]
@@ -130,7 +130,7 @@ def test_the_read_floor_is_its_best_layout_beats_torch_sum_and_stays_under_the_d
 
 @pytest.mark.parametrize("timer", ["cupti", "events", "none"])
 def test_probe_single_kernel(timer):
-    from moebench.fidelity import run_probe
+    from moebench.tasks.probe import run_probe
     res = run_probe("add", mib=64, samples=20, warmup=2, timer=timer)
     if timer == "none":
         assert res.median_ns is None
@@ -141,7 +141,7 @@ def test_probe_single_kernel(timer):
 
 
 def test_spin_probes_last_about_as_long_as_asked():
-    from moebench.fidelity import run_probe
+    from moebench.tasks.probe import run_probe
     empty = run_probe("empty", samples=20, warmup=2)
     spin = {us: run_probe("spin", samples=20, warmup=2, us=us) for us in (2, 20, 200)}
     assert empty.audit.passed and all(r.audit.passed for r in spin.values())
@@ -154,7 +154,7 @@ def test_spin_probes_last_about_as_long_as_asked():
 def test_reduce_probe_adds_and_reports_its_rate():
     import torch
 
-    from moebench.fidelity import REDUCE_PASSES, probe_unit, run_probe
+    from moebench.tasks.probe import REDUCE_PASSES, probe_unit, run_probe
     unit, _, nbytes = probe_unit("reduce", 4, torch.device("cuda", 0))
     target = next(c.cell_contents for c in unit.run.__closure__ if isinstance(c.cell_contents, torch.Tensor))
     unit.run()
@@ -178,8 +178,8 @@ def test_reduce_probe_adds_and_reports_its_rate():
 def test_wgmma_probes_report_a_rate_below_the_peak():
     import torch
 
-    from moebench.fidelity import WGMMA_STEP_FLOPS, WGMMA_STEPS, run_probe
-    from moebench.results.device_peaks import fp8_dense_peak
+    from moebench.tasks.probe import WGMMA_STEP_FLOPS, WGMMA_STEPS, run_probe
+    from moebench.record.device_peaks import fp8_dense_peak
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = {op: run_probe(op, samples=10, warmup=2) for op in ("wgmma", "wgmma-step")}
     rate = {}
@@ -199,9 +199,9 @@ def test_wgmma_probes_report_a_rate_below_the_peak():
 def test_variant_and_profile_on_the_gpu(tmp_path):
     """A variant of the stock arm (PDL off) timed beside it in one paired run, and the stock arm
     run untimed for a profiler, on the real backend."""
-    from moebench.plan import RunRequest
-    from moebench.profile import profile_arm
-    from moebench.runner import run
+    from moebench.run.plan import RunRequest
+    from moebench.tasks.profile import profile_arm
+    from moebench.run.runner import run
     req = RunRequest(shapes=("Q8",), arms=("triton",), variants=("nopdl=triton:pdl=false",), rounds=2, samples=5,
                      warmup=1, out_dir=str(tmp_path), measure_bandwidth=False)
     result, _ = run(req)

@@ -49,7 +49,7 @@ def test_copies_turn_sample_by_sample_and_every_row_holds_each_copy_equally():
 
 
 def test_placements_fit_memory_and_share_samples_evenly():
-    from moebench.prepare import balanced_placements, fitting_placements
+    from moebench.run.prepare import balanced_placements, fitting_placements
     assert fitting_placements(16, 2 * 2**30, 9 * 2**30) == 5  # the first copy and four more
     assert fitting_placements(16, 2 * 2**30, 0) == 1 and fitting_placements(4, 1, 10**12) == 4
     assert [balanced_placements(f, 32) for f in (16, 12, 7, 3, 1)] == [16, 8, 4, 2, 1]

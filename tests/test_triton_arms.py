@@ -19,10 +19,10 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import build_fixture, derive, engine_plan_capacity, rel_l2_error, route_plan
-from moebench.kernels import triton_arms
+from moebench.kernels.stock import arms as triton_arms
 from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
-from moebench.kernels.triton_arms import (STOCK_CONFIG, SWAPAB_DEFAULT_CONFIG, TRITON_KERNELS,
+from moebench.kernels.stock.arms import (STOCK_CONFIG, SWAPAB_DEFAULT_CONFIG, TRITON_KERNELS,
                                           TritonMoeConfig, kernels_module, load_config_file,
                                           swap_ab_selected, use_interpreter)
 from moebench.kernels.verify import edge_cases, verify_arms
@@ -301,7 +301,7 @@ def test_text_in_brackets_is_printed_as_written(capsys, monkeypatch):
     """Nothing a user or an arm writes is read as rich markup: `pip install 'moebench[sglang]'`
     once lost its `[sglang]` in every table and log line."""
     from moebench.cli import arms_cmd
-    from moebench.kernels.sglang_arm import INSTALL_HINT
+    from moebench.kernels.stock.sglang_arm import INSTALL_HINT
     monkeypatch.setattr(arms_cmd, "arm_availability",
                         lambda: ("cpu", [("mine", "a [bold]kernel[/bold]", f"not installed ({INSTALL_HINT})")]))
     code, out, _ = _cli(["arms"], capsys)
@@ -314,7 +314,7 @@ def test_text_in_brackets_is_printed_as_written(capsys, monkeypatch):
 
 
 def _cpu_tables(up: dict, down: dict | None):
-    from moebench.kernels.engine_config import EngineTables, TableKey, parse_table
+    from moebench.kernels.stock.engine_config import EngineTables, TableKey, parse_table
     entries = {(TableKey("cpu", 8, 128, False), "3.6.0"): parse_table({"1": up}, "up", "test up")}
     if down is not None:
         entries[(TableKey("cpu", 8, 128, True), "3.6.0")] = parse_table({"1": down}, "down", "test down")
@@ -329,7 +329,7 @@ TMA_DOWN = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_
 
 @pytest.mark.parametrize("case", ["fresh", "M=1", "one expert set", "empty experts"])
 def test_tuned_tables_with_tma_and_the_sorted_intermediate_match_oracle(case, t8, monkeypatch):
-    from moebench.kernels import engine_config
+    from moebench.kernels.stock import engine_config
     monkeypatch.setattr(engine_config, "load_engine_tables", lambda: _cpu_tables(TMA_UP, TMA_DOWN))
     fx = derive(t8, 13) if case == "fresh" else {c.label: c.fixture for c in edge_cases(t8, 17)}[case]
     call, _ = _check("triton-swapab", fx)
@@ -343,7 +343,7 @@ def test_tuned_tables_with_tma_and_the_sorted_intermediate_match_oracle(case, t8
 
 
 def test_sorted_rows_past_the_plan_are_never_touched_and_padding_rows_are_zero(t8, monkeypatch):
-    from moebench.kernels import engine_config
+    from moebench.kernels.stock import engine_config
     monkeypatch.setattr(engine_config, "load_engine_tables", lambda: _cpu_tables(TMA_UP, TMA_DOWN))
     call = make_arm("triton").prepare(derive(t8, 21, M=5))
     ws = call.workspace
@@ -359,7 +359,7 @@ def test_sorted_rows_past_the_plan_are_never_touched_and_padding_rows_are_zero(t
 
 
 def test_triton_default_ignores_the_tables(t8, monkeypatch):
-    from moebench.kernels import engine_config
+    from moebench.kernels.stock import engine_config
     monkeypatch.setattr(engine_config, "load_engine_tables", lambda: _cpu_tables(TMA_UP, None))
     call = make_arm("triton-default").prepare(derive(t8, 3))
     assert call.identity["config"] == STOCK_CONFIG.as_dict() and call.identity["config_source"] == "default"

@@ -19,8 +19,8 @@ import pytest
 from moebench.fixtures import build_fixture, derive
 from moebench.kernels.registry import make_arm
 from moebench.kernels.parity import References, check_parity
-from moebench.kernels.engine_config import TritonMoeConfig
-from moebench.kernels.triton_arms import TRITON_KERNELS, swap_ab_selected
+from moebench.kernels.stock.engine_config import TritonMoeConfig
+from moebench.kernels.stock.arms import TRITON_KERNELS, swap_ab_selected
 from moebench.kernels.verify import edge_cases
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled_triton")]

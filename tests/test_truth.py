@@ -14,15 +14,17 @@ from result_factory import make_result
 from run_fakes import fake_backend
 from timing_fakes import FakeGpu, FakeTracer
 
-from moebench import runner, significance as sig
+from moebench.run import runner
+
+from moebench.analysis import significance as sig
 from moebench.cli import main
 from moebench.errors import UserError
-from moebench.measure import TimingBackend, TimingProtocol, measure
-from moebench.noise import copied_fixture
-from moebench.results.compare import compare_results
-from moebench.results.schema import ClockSample, DeclaredKernel
-from moebench.results.store import load, save
-from moebench.results.verdicts import Verdict, parse_rules
+from moebench.timing.measure import TimingBackend, TimingProtocol, measure
+from moebench.run.noise import copied_fixture
+from moebench.analysis.compare import compare_results
+from moebench.record.schema import ClockSample, DeclaredKernel
+from moebench.record.store import load, save
+from moebench.analysis.verdicts import Verdict, parse_rules
 from moebench.timing.clocks import event_names, over_round
 from moebench.timing.engine import Unit
 from moebench.timing.graphs import strip_flush
@@ -177,7 +179,7 @@ def test_graph_needs_the_kernel_record_timer(fake_gpu, tmp_path, capsys):
 
 
 def test_strip_flush_untags_only_a_leading_flush():
-    from moebench.results.schema import KernelRecord, Sample
+    from moebench.record.schema import KernelRecord, Sample
     flush, call = KernelRecord("flush_reduce", 0, 10), KernelRecord("gemm", 12, 30)
     late = KernelRecord("flush_reduce", 40, 50)
     samples = [Sample("T8", "a", 1, 0, 5, (flush, call)), Sample("T8", "a", 1, 1, 6, (KernelRecord("gemm", 32, 38), late))]
@@ -258,7 +260,7 @@ def test_compare_leaves_throttled_rounds_out_unless_kept():
 # --- the ncu offset probes -------------------------------------------------------------------
 
 def test_spin_cycles_and_their_mistakes():
-    from moebench.fidelity import spin_cycles
+    from moebench.tasks.probe import spin_cycles
     assert spin_cycles(20, 1980) == 39_600 and spin_cycles(0.5, 1980) == 990
     with pytest.raises(UserError, match="maximum SM clock"):
         spin_cycles(2, None)
@@ -267,8 +269,8 @@ def test_spin_cycles_and_their_mistakes():
 
 
 def test_the_offset_table_row_from_both_tools():
-    from moebench.fidelity import ProbeResult, compare_with_ncu
-    from moebench.results.schema import Audit, KernelRecord, Sample
+    from moebench.tasks.probe import ProbeResult, compare_with_ncu
+    from moebench.record.schema import Audit, KernelRecord, Sample
     samples = tuple(Sample("_probe", "spin", 1, i, i + 1, (KernelRecord("spin_kernel(long)", 0, 20_000 + i),))
                     for i in range(5))
     res = ProbeResult("spin", 0, samples, Audit(5, 5, 0), "cupti", samples)
@@ -286,9 +288,9 @@ def test_the_reduce_probe_is_the_combine_instruction_alone(tmp_path, monkeypatch
     import re
     import subprocess
 
-    from moebench.fidelity import OPS
-    from moebench.kernels import cuda_build
-    from moebench.kernels.kernel_source import KernelSource
+    from moebench.tasks.probe import OPS
+    from moebench.kernels.cuda import nvrtc as cuda_build
+    from moebench.kernels.cuda.source import KernelSource
     from tests.test_fused_host import _cuobjdump
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
@@ -309,9 +311,9 @@ def test_the_wgmma_probe_is_the_prefill_instruction_alone(tmp_path, monkeypatch)
     import re
     import subprocess
 
-    from moebench.fidelity import OPS, WGMMA_OPS, WGMMA_STEP_FLOPS
-    from moebench.kernels import cuda_build
-    from moebench.kernels.kernel_source import KernelSource
+    from moebench.tasks.probe import OPS, WGMMA_OPS, WGMMA_STEP_FLOPS
+    from moebench.kernels.cuda import nvrtc as cuda_build
+    from moebench.kernels.cuda.source import KernelSource
     from tests.test_fused_host import _cuobjdump
     assert WGMMA_STEP_FLOPS == 2 * 4 * (2 * 64 * 128 * 32)  # a CTA's K step: 2 warpgroups x 4 m64n128k32
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
@@ -335,8 +337,8 @@ def test_the_wgmma_probe_is_the_prefill_instruction_alone(tmp_path, monkeypatch)
 
 
 def test_the_gate_up_l2_plan_reads_few_rows_of_few_experts():
-    from moebench.fidelity import GATE_UP_L2, gate_up_l2_plan
-    from moebench.kernels.fused_checks import check_plan
+    from moebench.tasks.probe import GATE_UP_L2, gate_up_l2_plan
+    from moebench.kernels.cuda.fused_checks import check_plan
     c = GATE_UP_L2
     plan = gate_up_l2_plan(c["blocks"], c["groups"], c["E"])
     blocks, slots = plan.num_blocks, plan.num_slots

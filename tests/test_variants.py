@@ -13,11 +13,11 @@ from moebench.cli import main
 from moebench.errors import UserError
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.registry import ARMS, add_arm
-from moebench.plan import RunRequest
-from moebench.prepare import RunFailed
-from moebench.profile import profile_arm
-from moebench.runner import run
-from moebench.variants import parse_variant
+from moebench.run.plan import RunRequest
+from moebench.run.prepare import RunFailed
+from moebench.tasks.profile import profile_arm
+from moebench.run.runner import run
+from moebench.run.variants import parse_variant
 
 GPU = FakeGpu()
 

@@ -9,10 +9,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from moebench import significance as sig
+from moebench.analysis import significance as sig
 from moebench.errors import UserError
-from moebench.results.compare import compare_results
-from moebench.results.verdicts import Rules, Threshold, Verdict, judge, parse_rules, threshold_for
+from moebench.analysis.compare import compare_results
+from moebench.analysis.verdicts import Rules, Threshold, Verdict, judge, parse_rules, threshold_for
 from synthetic_runs import lognormal, run_of
 
 ARM = "cuda-fused"
@@ -145,7 +145,7 @@ def test_rank_test_holds_its_level_under_no_difference(n):
 def test_audited_samples_leave_out_findings_and_rounds_with_dropped_records():
     from dataclasses import replace
 
-    from moebench.results.schema import Audit, AuditFinding
+    from moebench.record.schema import Audit, AuditFinding
     r = run_of({ARM: lognormal()}, seed=0, rounds=3, samples=4)
     findings = (AuditFinding("A8", ARM, 1, 2, "2 kernels, expected 1"),
                 AuditFinding("*", "*", 3, -1, "5 CUPTI records dropped in round 3"))

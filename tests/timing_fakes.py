@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moebench.results.schema import (
+from moebench.record.schema import (
     AUDITED_SAMPLES, SCHEMA_VERSION, ArmInfo, ArmSummary, Audit, AuditFinding, ClockSample, DeclaredKernel, FixtureInfo,
     Floors, GpuInfo, ParityInfo, Provenance, RatioSummary, RunResult, Sample, KernelRecord, Settings,
 )
@@ -33,7 +33,7 @@ def make_result(timer: str = "cupti", failed: bool = False) -> RunResult:
     findings = (AuditFinding("A8", "triton", 1, 0, "2 kernels, expected 1"),) if failed else ()
     audit = Audit(len(samples), len(samples) - len(findings), 0, findings)
     # The stored statistics are what the samples give (a loaded file is checked against them).
-    from moebench.stats import summarize
+    from moebench.analysis.stats import summarize
     passed = samples if not failed else samples[1:]
     summaries, ratios = summarize(passed, settings.shapes, settings.arms, settings.ref, {"A8": floors.hbm_bytes},
                                   gpu.read_bandwidth_bytes_per_s)

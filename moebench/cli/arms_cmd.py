@@ -6,8 +6,8 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench.cli import cli
-from moebench.doctor import arm_availability
-from moebench.results.tables import make_console
+from moebench.tasks.doctor import arm_availability
+from moebench.views.tables import make_console
 
 
 @cli.command()

@@ -10,8 +10,8 @@ import click
 from rich.table import Table
 
 from moebench.cli import cli
-from moebench.compile import compiled_modules
-from moebench.results.tables import make_console
+from moebench.tasks.build import compiled_modules
+from moebench.views.tables import make_console
 
 
 @cli.command()
@@ -22,7 +22,7 @@ from moebench.results.tables import make_console
 @click.option("--json", "as_json", is_flag=True, help="Print the build records as JSON.")
 def build(arm_names, sources, defines, as_json):
     """Compile CUDA sources for sm_90a with NVRTC and report registers, shared memory, spills."""
-    from moebench.kernels.cuda_build import parse_defines
+    from moebench.kernels.cuda.nvrtc import parse_defines
     records = [(label, m) for label, m in compiled_modules(arm_names, sources, parse_defines(defines))]
     if as_json:
         click.echo(json.dumps([{"label": label, "cache_hit": m.cache_hit, **m.build.to_dict()}

@@ -34,8 +34,8 @@ trust_stored_option = click.option(
 
 def load_result(path: str, trust_stored: bool):
     """A saved result; with `trust_stored`, one warning line per file that disagrees with itself."""
-    from moebench.results.store import load
-    from moebench.results.validate import problems
+    from moebench.record.store import load
+    from moebench.analysis.validate import problems
     result = load(path, trust_stored=trust_stored)
     if trust_stored:
         found = problems(result)

@@ -12,7 +12,7 @@ from moebench.cli import cli
 from moebench.cli.common import load_result, trust_stored_option, wide_option
 from moebench.errors import UserError
 from moebench.choices import COMPARE_FORMAT_NAMES
-from moebench.results.verdicts import RULES_HELP, Rules, parse_fraction, parse_rules
+from moebench.analysis.verdicts import RULES_HELP, Rules, parse_fraction, parse_rules
 
 
 class Fraction(click.ParamType):
@@ -58,8 +58,8 @@ def compare(a_path, b_path, rules, threshold, fail_on_regression, fmt, wide, tru
     with bootstrap intervals, a rank test, and a verdict with its reason: faster or slower (the
     change's interval lies beyond the band and the test agrees), same (within it), noisy (the
     interval is wider than the band) or ambiguous (it straddles an edge of the band)."""
-    from moebench.results.compare import compare_results, gate  # numpy: not for --help
-    from moebench.results.compare_view import COMPARE_FORMATS
+    from moebench.analysis.compare import compare_results, gate  # numpy: not for --help
+    from moebench.views.compare_view import COMPARE_FORMATS
     if threshold is not None and any(item.strip().startswith("median:") for r in rules for item in r.split(",")):
         raise click.UsageError("--threshold X is --rule median:X: give one of them, not both")
     base = Rules() if threshold is None else Rules(change=threshold)

@@ -1,4 +1,4 @@
-"""`moebench verify --determinism`: the options, and the table of verdicts (logic in moebench.determinism)."""
+"""`moebench verify --determinism`: the options, and the table of verdicts (logic in moebench.determinism.checks)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def check_determinism_flags(determinism: bool, edge_cases: bool, out, external_a
 
 def print_determinism(console, verdicts, result, device, interpret: bool, out) -> None:
     """The verdicts' table; the RunResult to `out` when given; exit 1 if an arm fails."""
-    from moebench.results.determinism_view import determinism_table
-    from moebench.results.store import save
+    from moebench.views.determinism_view import determinism_table
+    from moebench.record.store import save
     where = "CPU interpreter" if interpret else str(device)
     console.print(determinism_table(verdicts, where))
     if out is not None:

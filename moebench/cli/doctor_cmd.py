@@ -1,5 +1,5 @@
 """`moebench doctor`: what this machine has for moebench, one line each: OK, WARN or ERROR;
-`--calibrate`: what difference it can resolve (moebench.calibrate)."""
+`--calibrate`: what difference it can resolve (moebench.tasks.calibrate)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ def doctor(cpu_only, calibrate, shape, out_dir):
     if calibrate:
         if cpu_only:
             raise click.UsageError("--calibrate times on the GPU; it does not go with --cpu")
-        from moebench.calibrate import calibrate as run_calibration, calibration_lines
+        from moebench.tasks.calibrate import calibrate as run_calibration, calibration_lines
         cal = run_calibration(shape, out_dir, command=("moebench", *sys.argv[1:]),
                               log=lambda m: click.echo(m, err=True))
         for line in calibration_lines(cal):
             click.echo(line)
         return
-    from moebench.doctor import exit_code, findings
+    from moebench.tasks.doctor import exit_code, findings
     found = findings(cpu_only=cpu_only)
     for f in found:
         click.echo(f.line())

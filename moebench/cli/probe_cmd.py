@@ -15,7 +15,7 @@ def flops_rate(flops: int, median_ns: float) -> str:
     """TFLOP/s of `flops` in `median_ns`, and its share of this GPU's datasheet dense FP8 peak."""
     import torch
 
-    from moebench.results.device_peaks import fp8_dense_peak
+    from moebench.record.device_peaks import fp8_dense_peak
     rate = flops / (median_ns * 1e-9)
     peak = fp8_dense_peak(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     share = f" ({100 * rate / peak.fp8_dense_flops_per_s:.1f}% of the dense FP8 peak, {peak.tflops:,.0f})" if peak else ""
@@ -74,7 +74,7 @@ def probe(op, mib, us, sms, samples, warmup, flush, timer, ncu_csv, table_row):
     """Time one kernel exactly as `moebench run` times an arm (cold L2, audited)."""
     if table_row and not ncu_csv:
         raise click.UsageError("--table-row needs --ncu-csv")
-    from moebench.fidelity import compare_with_ncu, run_probe, run_read_floor  # torch: not for --help
+    from moebench.tasks.probe import compare_with_ncu, run_probe, run_read_floor  # torch: not for --help
     if op == "read":
         if ncu_csv:
             raise click.UsageError("--ncu-csv applies to single-kernel ops, not --op read")

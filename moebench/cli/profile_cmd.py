@@ -29,8 +29,8 @@ def profile(shape, arm, calls, warmup, flush, variants, shapes_file, balancednes
     """Check ARM against the oracle on SHAPE, then run it untimed (NVTX ranges when nvtx is
     installed), e.g.  ncu -k regex:moebench_fused_moe --launch-skip 2 --launch-count 1
     moebench profile A128 cuda-fused"""
-    from moebench.plan import RunRequest  # torch: not for --help
-    from moebench.profile import profile_arm
+    from moebench.run.plan import RunRequest  # torch: not for --help
+    from moebench.tasks.profile import profile_arm
     req = RunRequest(shapes=(shape,), arms=(arm,), warmup=warmup, flush=flush, shapes_file=shapes_file,
                      balancedness=balancedness, command=("moebench", *sys.argv[1:]),
                      arm_options={"triton_config": triton_config, "pdl": pdl}, variants=tuple(variants))

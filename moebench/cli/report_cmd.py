@@ -8,8 +8,8 @@ import click
 
 from moebench.cli import cli
 from moebench.cli.common import load_result, trust_stored_option, wide_option
-from moebench.results.formats import FORMATS
-from moebench.results.report import make_report
+from moebench.views.formats import FORMATS
+from moebench.views.report import make_report
 
 
 @cli.command()

@@ -31,11 +31,11 @@ from moebench.errors import UserError
 from moebench.failures import audit_failure
 from moebench.choices import (DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_ROUNDS, DEFAULT_SAMPLES,
                               DETERMINISM_RUNS, FLUSH_MODES, ORDERS, REF_AA)
-from moebench.results.tables import findings_lines, make_console, print_tables
+from moebench.views.tables import findings_lines, make_console, print_tables
 from moebench.timing.schedule import PLACEMENT_MODES
 
 if TYPE_CHECKING:
-    from moebench.runner import RunRequest
+    from moebench.run.runner import RunRequest
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
@@ -130,7 +130,7 @@ def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm,
                 triton_config, pdl, max_fixture_gb, keep_going, determinism, determinism_runs, cross_process, out_dir,
                 resume_path, wide):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
-    from moebench.runner import RunFailed, RunInterrupted, resume, run  # torch: not for --help
+    from moebench.run.runner import RunFailed, RunInterrupted, resume, run  # torch: not for --help
     console = make_console(wide=wide)
     req = run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
@@ -161,7 +161,7 @@ def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
     """The RunRequest of `moebench run`'s options (also `sweep`'s); `more`: further RunRequest
     fields (the A/A arm, a noise file, the placements)."""
     from moebench.kernels.registry import parse_arm_list
-    from moebench.runner import RunRequest
+    from moebench.run.runner import RunRequest
     more.update(_determinism_fields(determinism, determinism_runs, cross_process))
     return RunRequest(shapes=tuple(s for item in (shapes or DEFAULT_SHAPES) for s in item.split(",") if s.strip()),
                       arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,

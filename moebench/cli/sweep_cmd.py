@@ -2,7 +2,7 @@
 as one result (its report then plots duration and speedup against M).
 
 Under torchrun (or with `--gpus`, which starts it), with `--dry-run` or `--resume`, the
-sweep is sharded into cells, one shape each, across the ranks (moebench.distributed)."""
+sweep is sharded into cells, one shape each, across the ranks (moebench.run.distributed)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rich.text import Text
 from moebench.cli import cli
 from moebench.cli.run_cmd import run_command, run_request
 from moebench.errors import UserError
-from moebench.results.tables import make_console, print_tables
+from moebench.views.tables import make_console, print_tables
 
 # Every option of `moebench run` except --shape, which --family and --m replace.
 RUN_OPTIONS = [p for p in run_command.params if p.name not in ("shapes", "resume", "resume_path")]
@@ -37,8 +37,8 @@ RUN_OPTIONS = [p for p in run_command.params if p.name not in ("shapes", "resume
 @click.pass_context
 def sweep(ctx, family, ms, gpus, dry_run, resume, **run_options):
     """Run one family at several M as one result (options as for `moebench run`)."""
-    from moebench import distributed  # torch: not for --help
-    from moebench.plan import sweep_shapes
+    from moebench.run import distributed  # torch: not for --help
+    from moebench.run.plan import sweep_shapes
     argv = (ctx.obj or {}).get("argv", [])
     if resume:
         given = [p.opts[0] for p in ctx.command.params if p.name not in ("resume", "gpus")

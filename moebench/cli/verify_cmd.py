@@ -13,7 +13,7 @@ from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl
                                  shapes_file_option, triton_config_option)
 from moebench.cli.determinism_cmd import check_determinism_flags, determinism_options, print_determinism
 from moebench.choices import REL_L2_THRESHOLD
-from moebench.results.tables import make_console
+from moebench.views.tables import make_console
 
 
 @cli.command("verify")
@@ -38,7 +38,7 @@ def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_co
     each arm's output is the same bits run to run, inside larger batches and in a fresh process."""
     check_determinism_flags(determinism, edge_cases, out, external_arms, runs)
     from moebench.kernels.registry import parse_arm_list  # torch: not for --help
-    from moebench.parity_run import VerifyRequest, verify, verify_determinism
+    from moebench.tasks.verify import VerifyRequest, verify, verify_determinism
     req = VerifyRequest(shapes=tuple(shapes), arms=tuple(parse_arm_list(list(arms))) if arms else None,
                         options={"triton_config": triton_config, "pdl": pdl}, interpret=interpret, seed=seed,
                         edge_cases=edge_cases, threshold=threshold, balancedness=balancedness,

@@ -17,7 +17,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, ShapeSpec
-from moebench.results.schema import DeclaredKernel
+from moebench.record.schema import DeclaredKernel
 
 
 KernelDecl = DeclaredKernel  # what an arm declares is what its result stores

@@ -15,7 +15,10 @@ import types
 import torch
 
 from moebench.errors import UserError
-from moebench.kernels import cuda_arms, fused_arm, sglang_arm, triton_arms
+from moebench.kernels.cuda import arms as cuda_arms
+from moebench.kernels.cuda import fused_arm
+from moebench.kernels.stock import sglang_arm
+from moebench.kernels.stock import arms as triton_arms
 from moebench.kernels.arm import Arm, ArmFactory, marked_arm_name
 from moebench.kernels.external import external_arm_factory, parse_external_arm, register_entry_point_arms
 

@@ -18,7 +18,7 @@ from bisect import bisect_left
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from moebench.results.schema import Audit, AuditFinding, Sample
+from moebench.record.schema import Audit, AuditFinding, Sample
 from moebench.timing.records import TaggedKernel
 
 

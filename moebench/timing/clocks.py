@@ -3,7 +3,7 @@
 The engine samples at a round's start and at its end (`over_round` joins the two): the SM
 clock at both ends, and NVML's clock-event reasons (the GPU capping its clocks for power or
 heat) at both. A round whose SM clock moved or that saw such an event is `throttled`
-(ClockSample.throttled); compare's policy on such rounds is moebench.results.throttle's.
+(ClockSample.throttled); compare's policy on such rounds is moebench.analysis.throttle's.
 
 Degrades to None fields (never an error) when NVML or a query is unavailable: clocks are
 provenance, not the measurement.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from moebench.results.schema import ClockSample
+from moebench.record.schema import ClockSample
 
 # NVML's clocks-event (throttle) reason bits that mean the clocks were held down. Left out:
 # 0x1 GPU idle (every sample after a sync), 0x2 application clocks setting and 0x100 display

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from moebench.results.schema import ClockSample, DeclaredKernel, Sample
+from moebench.record.schema import ClockSample, DeclaredKernel, Sample
 from moebench.timing.clocks import over_round
 from moebench.timing.records import TaggedKernel
 from moebench.timing.schedule import copy_index, round_order

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 from moebench.errors import UserError
-from moebench.results.schema import Sample
+from moebench.record.schema import Sample
 from moebench.timing.engine import Unit
 from moebench.timing.records import RecordBatch, TaggedKernel, tag_kernels
 from moebench.timing.timers import RoundRecords, TimerStrategy, Visit

@@ -3,7 +3,7 @@
 A strategy is chosen once per measurement. It opens the recorder the engine drives around
 each call (`begin(id)` / `end(id)` per sample, `collect()` per round), turns a round's
 records into its own Sample records, audits them as far as it can see, and declares its
-metric (moebench.timing.metrics) for the views. Nothing downstream tests a timer's name.
+metric (moebench.record.metrics) for the views. Nothing downstream tests a timer's name.
 
     KernelRecordTimer  CUPTI kernel records: a sample is the kernels launched under its
                        external id; audited kernel by kernel (the reference timing)
@@ -21,9 +21,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
-from moebench.results.schema import Audit, KernelRecord, Sample
+from moebench.record.schema import Audit, KernelRecord, Sample
 from moebench.timing.audit import Declared, audit_intervals, audit_samples
-from moebench.timing.metrics import EVENT_INTERVALS, KERNEL_RECORDS, UNTIMED, TimedMetric
+from moebench.record.metrics import EVENT_INTERVALS, KERNEL_RECORDS, UNTIMED, TimedMetric
 from moebench.timing.records import RecordBatch, TaggedKernel, group_by_external_id, tag_kernels
 
 
