@@ -1,6 +1,6 @@
 """moebench: is this MoE kernel faster than that one, on this GPU, and by how much?"""
 
-__version__ = "0.1.0"
+from moebench.record import VERSION as __version__  # noqa: E402
 
 
 def _interrupted_while_starting(signum, frame):  # noqa: ARG001

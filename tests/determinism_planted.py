@@ -21,7 +21,7 @@ import torch
 from timing_fakes import FakeGpu
 
 from moebench.fixtures import fixture_reference
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall
 
 KERNELS = (KernelDecl("planted", r"planted", 1),)
 GPU = FakeGpu()

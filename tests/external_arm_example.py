@@ -10,7 +10,7 @@ import torch
 from timing_fakes import FakeGpu
 
 from moebench.fixtures import fixture_reference
-from moebench.kernels.arm import KernelDecl, PreparedCall
+from moebench.kernels.api.arm import KernelDecl, PreparedCall
 
 GPU = FakeGpu()
 

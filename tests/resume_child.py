@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing_fakes import FakeGpu, FakeTracer  # noqa: E402
 
 import moebench.run.runner as runner  # noqa: E402
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall  # noqa: E402
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall  # noqa: E402
 from moebench.kernels.registry import ARMS, add_arm  # noqa: E402
 from moebench.timing.measure import TimingBackend  # noqa: E402
 from moebench.timing.read_floor import ReadProbe  # noqa: E402

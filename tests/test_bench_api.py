@@ -8,7 +8,7 @@ from timing_fakes import FakeGpu
 
 import moebench
 from moebench.errors import UserError
-from moebench.record.store import load
+from moebench.analysis.load import load
 
 
 def test_bench_is_the_package_function():

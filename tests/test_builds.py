@@ -17,10 +17,10 @@ from timing_fakes import FakeGpu
 
 from moebench.cli import main
 from moebench.errors import UserError
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.cuda.source import KernelSource
 from moebench.kernels.registry import ARMS, add_arm
-from moebench.kernels.cuda.builds import (BuildSpec, compare_outputs, parse_build_spec, parse_define,
+from moebench.kernels.builds import (BuildSpec, compare_outputs, parse_build_spec, parse_define,
                                      read_at_revision, resolve_builds, resolve_revision)
 from moebench.run.runner import RunRequest, run
 
@@ -240,7 +240,7 @@ def test_build_vs_build_run(repo, tmp_path):
     assert result.settings.options["builds"][1] == "old=git:HEAD~1"
 
     from moebench.views.markdown import render_markdown
-    from moebench.record.store import load
+    from moebench.analysis.load import load
     from moebench.views.tables import print_tables
     assert load(path) == result
     buf = io.StringIO()
@@ -252,7 +252,7 @@ def test_build_vs_build_run(repo, tmp_path):
 
 
 HOSTED = '''
-from moebench.kernels.arm import Arm, register_arm
+from moebench.kernels.api.arm import Arm, register_arm
 
 SOURCE = "moebench_test_hosted.cu"
 VERSION = "%s"
@@ -279,7 +279,7 @@ def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch
     import sys
 
     from moebench.kernels import registry as arm_module
-    from moebench.kernels.cuda.builds import build_arm_factories
+    from moebench.kernels.builds import build_arm_factories
     root = tmp_path / "hosted"
     root.mkdir()
     git(root, "init", "-q")

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from moebench.fixtures import ShapeRegistry, build_fixture
-from moebench.kernels.cuda.builds import build_arm_factories, resolve_builds
+from moebench.kernels.builds import build_arm_factories, resolve_builds
 from moebench.kernels.cuda.source import KERNELS_DIR
-from moebench.kernels.parity import References, check_parity
+from moebench.kernels.api.parity import References, check_parity
 from moebench.kernels.registry import make_arm
 
 pytestmark = pytest.mark.gpu

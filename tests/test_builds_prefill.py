@@ -14,7 +14,7 @@ from moebench.errors import UserError
 from moebench.fixtures import build_fixture
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.cuda import fused_prefill
-from moebench.kernels.cuda.builds import build_arm_factories, resolve_builds
+from moebench.kernels.builds import build_arm_factories, resolve_builds
 from moebench.kernels.cuda.fused_arm import CudaFusedArm, CudaFusedDetArm
 from moebench.kernels.cuda.source import KERNELS_DIR, KernelSource
 

@@ -11,7 +11,8 @@ import pytest
 from moebench.errors import UserError
 from moebench.analysis.compare import Rules, Verdict, compare_results
 from moebench.analysis.verdicts import parse_rules
-from moebench.record.store import load, save
+from moebench.analysis.load import load
+from moebench.record.store import save
 from result_factory import make_result, run_cli, with_schema_version
 
 ROOT = Path(__file__).resolve().parents[1]

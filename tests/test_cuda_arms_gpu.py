@@ -11,7 +11,7 @@ import torch
 from moebench.fixtures import build_fixture, derive, route_plan
 from moebench.kernels.cuda.arms import WGMMA_N
 from moebench.kernels.registry import make_arm
-from moebench.kernels.parity import References, check_parity
+from moebench.kernels.api.parity import References, check_parity
 from moebench.kernels.verify import edge_cases
 
 pytestmark = pytest.mark.gpu

@@ -16,7 +16,8 @@ from moebench.determinism.checks.result import determinism_result
 from moebench.fixtures import build_fixture, derive
 from moebench.fixtures.tokens import append_tokens, take_tokens
 from moebench.record.determinism import RunToRun
-from moebench.record.store import dumps, load, loads, save
+from moebench.analysis.load import load, loads
+from moebench.record.store import dumps, save
 from moebench.analysis.validate import problems
 from result_factory import make_result, run_cli
 

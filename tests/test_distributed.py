@@ -20,9 +20,9 @@ from moebench.cli import main
 from moebench.run.distributed import cells_folder, launch_command, sharded_sweep, without_option
 from moebench.timing.measure import TimingBackend
 from moebench.timing.read_floor import ReadProbe
-from moebench.run.plan import RunRequest, resolve_specs
+from moebench.run.plan import RunRequest
 from moebench.record.schema import MissingCell
-from moebench.record.store import load
+from moebench.analysis.load import load
 from moebench.analysis.validate import problems
 from moebench.run.sweep_cells import Cell, assign, cell_cost, sweep_cells
 from moebench.timing.engine import Unit
@@ -46,11 +46,11 @@ def test_assignment_is_deterministic_balanced_and_keeps_the_sweep_order():
 
 
 def test_cell_cost_grows_with_tokens_and_is_the_same_on_every_call():
-    costs = [c.cost for c in sweep_cells(RunRequest(shapes=("A1", "A64", "A4096"), arms=("triton",)))]
+    costs = [c.cost for c in sweep_cells(RunRequest(shapes=("A1", "A64", "A4096"), arms=("triton",)).workload)]
     assert costs[0] < costs[1] < costs[2]
-    assert costs == [c.cost for c in sweep_cells(RunRequest(shapes=("A1", "A64", "A4096"), arms=("triton",)))]
-    (spec,) = resolve_specs(RunRequest(("Q8",), ("triton",)))
-    assert cell_cost(spec) == sweep_cells(RunRequest(("Q8",), ("triton",)))[0].cost > 0
+    assert costs == [c.cost for c in sweep_cells(RunRequest(shapes=("A1", "A64", "A4096"), arms=("triton",)).workload)]
+    (spec,) = RunRequest(("Q8",), ("triton",)).workload.specs()
+    assert cell_cost(spec) == sweep_cells(RunRequest(("Q8",), ("triton",)).workload)[0].cost > 0
 
 
 def test_the_launcher_runs_torchrun_without_gpus_and_spells_m_for_it():
@@ -138,7 +138,7 @@ def test_torchrun_two_ranks_dry_run_shards_gathers_and_writes_one_result(tmp_pat
     sh = result.sharding
     assert sh.world_size == 2 and sh.dist_backend == "gloo" and sh.dry_run and not sh.missing
     assert result.settings.shapes == ("T1", "T2", "T3", "T4") and not result.samples
-    expected = assign(sweep_cells(RunRequest(shapes=("T1", "T2", "T3", "T4"), arms=("triton",))), 2)
+    expected = assign(sweep_cells(RunRequest(shapes=("T1", "T2", "T3", "T4"), arms=("triton",)).workload), 2)
     assert {c.shape: c.rank for c in sh.cells} == {c.shape: r for r, cs in expected.items() for c in cs}
     assert {c.rank for c in sh.cells} == {0, 1} and all(c.device == "cpu" for c in sh.cells)
     assert [(p.shape, p.arm, p.passed) for p in result.parity] == [(s, "triton", True) for s in result.settings.shapes]

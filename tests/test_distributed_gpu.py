@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moebench.record.store import load
+from moebench.analysis.load import load
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]

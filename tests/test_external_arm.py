@@ -15,8 +15,8 @@ from moebench.cli import main
 from moebench.errors import UserError
 from moebench.kernels import registry as arm_module
 from moebench.kernels.registry import make_arms
-from moebench.kernels.external import parse_external_arm, register_entry_point_arms
-from moebench.record.store import load
+from moebench.kernels.api.external import parse_external_arm, register_entry_point_arms
+from moebench.analysis.load import load
 from moebench.run.runner import RunFailed, RunRequest, run
 
 TESTS = Path(__file__).resolve().parent
@@ -100,7 +100,7 @@ def test_entry_point_arms_register_lazily_and_run(monkeypatch, tmp_path):
     registry = arm_module.load_builtin_arms()
     assert calls and calls[0] == {"group": "moebench.arms"}
     assert registry["ep-copy"].external_target == "external_arm_example:prepare_copy"
-    assert registry["triton"].__module__ != "moebench.kernels.external"  # the built-in keeps its name
+    assert registry["triton"].__module__ != "moebench.kernels.api.external"  # the built-in keeps its name
     assert register_entry_point_arms(registry) == []  # already there: nothing added twice
     (arm,) = make_arms(["ep-copy"])
     assert arm.name == "ep-copy"

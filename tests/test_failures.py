@@ -21,7 +21,7 @@ from moebench.failures import (ParityFailure, RunFailed, audit_failure, gpu_memo
                                is_out_of_memory, kernel_fault_guard, out_of_memory, parity_exclusions)
 from moebench.kernels.registry import ARMS, add_arm
 from moebench.views.formats import FORMATS
-from moebench.record.store import load
+from moebench.analysis.load import load
 from moebench.run.runner import RunRequest, run
 
 

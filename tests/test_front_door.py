@@ -41,7 +41,7 @@ def test_every_relative_link_of_the_front_door_and_docs_resolves():
 
 def test_the_headline_table_is_the_pr_view_of_the_committed_run():
     from moebench.views.pr_view import render_pr
-    from moebench.record.store import load
+    from moebench.analysis.load import load
     body = re.search(r"<!-- moebench:headline -->\n(.*?)<!-- /moebench:headline -->", README, re.S)[1]
     pr = render_pr(load(ROOT / "results" / "h200" / "all-arms.json")).split("<details>")[0]
     table = [ln for ln in pr.splitlines() if ln.startswith("|")]

@@ -16,7 +16,7 @@ from moebench.determinism.checks import PROOF_RUNS, check_arms, check_batch, che
 from moebench.fixtures import derive, fixture_reference, route_plan
 from moebench.fixtures.tokens import take_tokens
 from moebench.kernels.cuda.fused_arm import CudaFusedDetArm, make_fused_launch, prepare_fused_weights
-from moebench.kernels.parity import References, check_parity, compare
+from moebench.kernels.api.parity import References, check_parity, compare
 from moebench.kernels.verify import edge_cases
 
 from gpu_fixtures import cuda_fixture, with_garbage_past_the_padded_total

@@ -17,7 +17,7 @@ from moebench.fixtures import build_fixture, derive, fixture_reference, route_pl
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.cuda.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, ZERO_SPAN, CudaFusedArm, fused_moe,
                                         make_fused_launch, prepare_fused_weights, zeroes_in_kernel)
-from moebench.kernels.parity import References, check_parity, compare
+from moebench.kernels.api.parity import References, check_parity, compare
 
 from gpu_fixtures import cuda_fixture, with_garbage_past_the_padded_total
 

@@ -16,7 +16,7 @@ from moebench.fixtures import ShapeRegistry, build_fixture, derive, fixture_refe
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.cuda.fused_arm import CudaFusedArm, CudaFusedDetArm
 from moebench.kernels.cuda.fused_prefill import BLOCK_M, kernel_names, make_prefill_launch, prefill_weights
-from moebench.kernels.parity import References, check_parity, compare
+from moebench.kernels.api.parity import References, check_parity, compare
 
 from gpu_fixtures import with_garbage_past_the_padded_total
 

@@ -27,6 +27,7 @@ from result_factory import make_result, run_cli
 
 from moebench.errors import UserError
 from moebench.record import store
+from moebench.analysis import load as loader
 from moebench.views.formats import FORMATS
 from moebench.record.schema import to_plain
 from moebench.analysis.stats import summarize, summary_samples
@@ -148,7 +149,7 @@ def test_mutated_result_files_load_report_and_compare_or_are_refused_in_one_line
         path = _TMP / f"m{i}.json"
         path.write_text(json.dumps(mutated))  # NaN and Infinity as Python's json writes them
         try:
-            result = store.load(path)
+            result = loader.load(path)
         except UserError as err:
             _one_line(str(err))
             continue
@@ -191,7 +192,6 @@ LEFT_OUT = {"--gpus", "--out", "--plot", "--output", "--table-row", "--build", "
 
 def _options():
     from moebench.cli import cli
-    from moebench.cli import commands  # noqa: F401
     out = []
     for name, base in BASES.items():
         for p in cli.commands[name].params:

@@ -19,7 +19,7 @@ from moebench.fixtures.builder import fixture_routes
 from moebench.fixtures.routing import plan_capacity
 from moebench.fixtures.shapes import Family, fixture_build_bytes
 from moebench.kernels.cuda import fused_prefill
-from moebench.kernels.arm import geometry_refusals
+from moebench.kernels.api.arm import geometry_refusals
 from moebench.kernels.cuda.arms import BLOCK_R, CUDA_GEMM, CUDA_SWAPAB, gemm_grid, swiglu_grid
 from moebench.kernels.cuda.fused_arm import CudaFusedArm, CudaFusedDetArm
 from moebench.kernels.cuda.fused_layout import CLUSTERS, DEFAULT_CLUSTER
@@ -199,14 +199,14 @@ def test_cuda_fused_refuses_what_its_prefill_offsets_cannot_hold():
 
 def test_a_shape_no_arm_serves_is_a_user_error_before_any_fixture(monkeypatch):
     from moebench.run import prepare as prep
-    from moebench.run.plan import ArmPlan, RunRequest
+    from moebench.run.plan import ArmPlan, RunRequest, Workload
     built = []
     monkeypatch.setattr(prep, "build_fixture", lambda spec: built.append(spec))
     monkeypatch.setattr(CudaFusedArm, "unavailable_reason", lambda self, device: None)
-    monkeypatch.setattr(prep, "resolve_specs", lambda req: [_spec("odd-e1025", 8)])
+    monkeypatch.setattr(Workload, "specs", lambda self: [_spec("odd-e1025", 8)])
     req = RunRequest(shapes=("odd-e1025/M8",), arms=("cuda-fused",))
     with pytest.raises(UserError, match="no arm can serve odd-e1025/M8: cuda-fused: E=1025 experts, at most 1024"):
-        prep.prepare(req, ArmPlan(), torch.device("cpu"))
+        prep.prepare(req.workload, req.protocol, ArmPlan(arms=req.arms), torch.device("cpu"))
     assert built == []
 
 

@@ -13,7 +13,6 @@ HEAVY = ("torch", "triton", "cuda", "numpy", "pandas", "matplotlib")
 PROBE = """
 import contextlib, io, json, sys
 from moebench.cli import cli, main
-from moebench.cli import commands  # noqa: F401
 names = sorted(cli.commands)
 out = {}
 for argv in [["--help"], *([name, "--help"] for name in names)]:

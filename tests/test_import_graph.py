@@ -1,5 +1,7 @@
-"""No import cycle among moebench's modules: the graph of their imports (top level and inside
-functions alike), read from each file's syntax tree (nothing is imported), has no circle."""
+"""The house by stage: no import cycle among moebench's modules, lazy imports included, none
+between its packages, and every stage importing only the stages below it (docs/architecture.md).
+The graph of imports (top level and inside functions alike) is read from each file's syntax
+tree; nothing is imported."""
 
 from __future__ import annotations
 
@@ -51,6 +53,53 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def explicit_graph() -> dict[str, set[str]]:
+    """Each module's imports as written: `from moebench import x` is an import of the package
+    `moebench` itself (its __init__), which the module graph leaves out as a parent."""
+    files = {module_name(p): p for p in ROOT.rglob("*.py")}
+    out = {}
+    for name, path in files.items():
+        names = imports_of(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py")
+        out[name] = {n for n in names if n in files and n != name}
+    return out
+
+
+# Bottom to top. A module imports only modules of its own stage or of the stages before it.
+STAGES = (
+    ("base", ("moebench.errors", "moebench.choices", "moebench.failures")),
+    ("record", ("moebench.record",)),
+    ("fixtures", ("moebench.fixtures",)),
+    ("kernel api", ("moebench.kernels.api",)),
+    ("kernels", ("moebench.kernels.stock", "moebench.kernels.cuda")),
+    ("registry", ("moebench.kernels",)),
+    ("timing", ("moebench.timing",)),
+    ("analysis", ("moebench.analysis",)),
+    ("determinism", ("moebench.determinism",)),
+    ("run", ("moebench.run",)),
+    ("views", ("moebench.views",)),
+    ("tasks", ("moebench.tasks",)),
+    ("cli", ("moebench.cli", "moebench.__main__")),
+    ("package", ("moebench",)),  # moebench/__init__: the library entry point (moebench.bench)
+)
+
+
+def stage_of(module: str) -> int:
+    """The stage of `module`: the longest package prefix named in STAGES."""
+    best, level = -1, None
+    for i, (_, prefixes) in enumerate(STAGES):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, level = len(p), i
+    assert level is not None, f"{module} belongs to no stage"
+    return level
+
+
+def package_of(module: str, packages: set[str]) -> str:
+    """A module's package; a loose module of moebench (errors, choices, ...) stands for itself."""
+    parent = module.rpartition(".")[0]
+    return module if module in packages or parent == "moebench" else parent
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the path, 2: done
     path: list[str] = []
@@ -91,3 +140,49 @@ def test_the_cycle_finder(graph, cycle):
 def test_every_import_counts():
     tree = ast.parse("import x\nclass C:\n    import y\ndef f():\n    from .. import z\nif True:\n    from . import w\n")
     assert imports_of(tree, "pkg.sub.mod", False) == {"x", "y", "pkg", "pkg.z", "pkg.sub", "pkg.sub.w"}
+
+
+def test_every_stage_imports_only_the_stages_below_it():
+    wrong = []
+    for name, edges in explicit_graph().items():
+        for imported in edges:
+            if imported != "moebench" and stage_of(imported) > stage_of(name):
+                wrong.append(f"{name} ({STAGES[stage_of(name)][0]}) imports {imported} ({STAGES[stage_of(imported)][0]})")
+            if imported == "moebench" and name != "moebench.__main__":  # the package's __init__ runs the library
+                wrong.append(f"{name} imports the package moebench itself")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_cycle_between_packages():
+    packages = {module_name(p) for p in ROOT.rglob("__init__.py")}
+    graph: dict[str, set[str]] = {}
+    for name, edges in explicit_graph().items():
+        mine = package_of(name, packages)
+        graph.setdefault(mine, set()).update(package_of(e, packages) for e in edges)
+    for k in graph:
+        graph[k].discard(k)
+    cycle = find_cycle(graph)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_the_record_imports_nothing_of_moebench_but_errors():
+    for name, edges in explicit_graph().items():
+        if name.startswith("moebench.record"):
+            outside = {e for e in edges if not e.startswith("moebench.record")} - {"moebench.errors"}
+            assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_few_modules_loose_and_none_too_long():
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(loose) <= 8, loose
+    long = [f"{p.relative_to(ROOT.parent)}: {n}" for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 420]
+    assert not long, long
+
+
+@pytest.mark.parametrize("module, stage", [
+    ("moebench.record.schema", "record"), ("moebench.kernels.registry", "registry"),
+    ("moebench.kernels.cuda.nvrtc", "kernels"), ("moebench.kernels.api.arm", "kernel api"), ("moebench", "package"),
+])
+def test_stage_of(module, stage):
+    assert STAGES[stage_of(module)][0] == stage

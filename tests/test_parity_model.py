@@ -1,4 +1,4 @@
-"""The parity check's error model (moebench.fixtures.error_model, moebench.kernels.parity.within_model)
+"""The parity check's error model (moebench.fixtures.error_model, moebench.kernels.api.parity.within_model)
 on a matrix of geometries: correct kernels computed the ways the arms compute (shuffled sums, FP8
 tensor-core accumulation cut to 14 bits, BF16 running sums of per-slot or per-(slot, 128 columns of
 I) partials, BF16 rows summed in FP32, the stock path's BF16 intermediates, requant codes moved
@@ -17,7 +17,7 @@ import torch
 
 from moebench.fixtures.error_model import MODELS, error_model, error_terms
 from moebench.fixtures.oracle import moe_reference
-from moebench.kernels.parity import within_model
+from moebench.kernels.api.parity import within_model
 from planted_kernels import FAULTS, TENSORS, Geometry, make_inputs, simulate
 
 DS_RANK = Geometry("deepseek-v3-tp16", 7168, 128, 257, 9, True, 2.5)
@@ -125,14 +125,14 @@ def test_unknown_models_are_named():
 
 
 def _call(fx, out, oracle="exact"):
-    from moebench.kernels.arm import KernelDecl, PreparedCall
+    from moebench.kernels.api.arm import KernelDecl, PreparedCall
     buf = torch.empty_like(out)
     return PreparedCall("planted", lambda: buf.copy_(out), buf, (KernelDecl("k", "k", 1),), oracle=oracle)
 
 
 def test_check_parity_judges_by_the_declared_model_and_names_the_place(registry):
     from moebench.fixtures import build_fixture, fixture_reference
-    from moebench.kernels.parity import References, check_parity
+    from moebench.kernels.api.parity import References, check_parity
     fx = build_fixture(registry.resolve("T8"))
     refs = References(fx)
     good = check_parity(_call(fx, fixture_reference(fx)), refs, "T8")

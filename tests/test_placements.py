@@ -9,10 +9,10 @@ from rich.console import Console
 from test_run_cli import backend, cli_error
 from timing_fakes import FakeGpu, FakeTracer, fake_kernels
 
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.registry import ARMS, add_arm
 from moebench.views.markdown import render_markdown
-from moebench.record.store import load
+from moebench.analysis.load import load
 from moebench.views.tables import print_tables
 from moebench.run.runner import RunFailed, RunRequest, run
 from moebench.analysis.stats import placement_summaries

@@ -15,7 +15,7 @@ from moebench.analysis.compare import compare_results
 from moebench.views.compare_view import render_markdown as compare_markdown
 from moebench.views.markdown import render_markdown
 from moebench.views.pr_view import render_pr
-from moebench.record.store import load
+from moebench.analysis.load import load
 from moebench.analysis.ratio_verdicts import ratio_verdicts
 from moebench.analysis.verdicts import Verdict
 from result_factory import make_result, run_cli

@@ -17,7 +17,8 @@ from moebench.timing.measure import TimingBackend, TimingProtocol, measure
 from moebench.timing.read_floor import READ_CONFIGS, ReadProbe, best_read, config_named
 from moebench.record.device_peaks import hbm_datasheet
 from moebench.record.schema import GpuInfo
-from moebench.record.store import dumps, load, loads
+from moebench.analysis.load import load, loads
+from moebench.record.store import dumps
 from moebench.errors import UserError
 from moebench.timing.engine import Unit
 from moebench.timing.timers import KernelRecordTimer

@@ -18,7 +18,8 @@ from moebench.views.formats import FORMATS
 from moebench.record.index import ResultIndex
 from moebench.views.markdown import Image, method_sentence, render_markdown
 from moebench.views.plots import make_plots, write_plots
-from moebench.record.store import load, loads, save
+from moebench.analysis.load import load, loads
+from moebench.record.store import save
 from result_factory import make_result, run_cli, sweep_result
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,6 +8,7 @@ from timing_fakes import make_result
 
 from moebench.errors import UserError
 from moebench.record import store
+from moebench.analysis import load as loader
 from moebench.record.schema import SCHEMA_VERSION
 from moebench.views.tables import audit_line, print_tables, ratio_table, summary_table
 
@@ -16,7 +17,7 @@ from moebench.views.tables import audit_line, print_tables, ratio_table, summary
 def test_round_trip_is_exact(tmp_path, timer):
     r = make_result(timer)
     path = store.save(r, tmp_path / "r.json")
-    back = store.load(path)
+    back = loader.load(path)
     assert back == r
     assert back.samples[0].value_ns == r.samples[0].value_ns
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left
@@ -27,12 +28,12 @@ def test_gz_paths_are_compressed_and_load_back(tmp_path):
     path = store.save(r, tmp_path / "r.json.gz")
     raw = path.read_bytes()
     assert raw[:2] == b"\x1f\x8b" and len(raw) < len(store.dumps(r).encode()) / 3
-    assert store.load(path) == r
+    assert loader.load(path) == r
     renamed = path.rename(tmp_path / "r.json")  # compressed content under a plain name loads too
-    assert store.load(renamed) == r
+    assert loader.load(renamed) == r
     (tmp_path / "bad.json.gz").write_bytes(raw[: len(raw) // 2])  # a truncated download
     with pytest.raises(UserError, match="cannot read"):
-        store.load(tmp_path / "bad.json.gz")
+        loader.load(tmp_path / "bad.json.gz")
 
 
 def test_version_and_format_are_checked(tmp_path):
@@ -40,13 +41,13 @@ def test_version_and_format_are_checked(tmp_path):
     assert data["schema_version"] == SCHEMA_VERSION and data["format"] == "moebench.RunResult"
     data["schema_version"] = SCHEMA_VERSION + 1
     with pytest.raises(UserError, match="schema_version"):
-        store.loads(json.dumps(data))
+        loader.loads(json.dumps(data))
     data["schema_version"] = SCHEMA_VERSION
     del data["audit"]
     with pytest.raises(UserError, match="missing field 'audit'"):
-        store.loads(json.dumps(data))
+        loader.loads(json.dumps(data))
     with pytest.raises(UserError, match="not a moebench RunResult"):
-        store.loads("{}")
+        loader.loads("{}")
 
 
 def test_every_sample_is_kept_with_its_kernels():
@@ -120,5 +121,5 @@ def test_save_new_takes_the_next_free_name_and_writes_it_whole(tmp_path):
     second = store.save_new(result, tmp_path / "r.json")
     gz = store.save_new(result, tmp_path / "r.json.gz")
     assert (first.name, second.name, gz.name) == ("r.json", "r_2.json", "r.json.gz")
-    assert store.load(second) == store.load(first) == store.load(gz) == result
+    assert loader.load(second) == loader.load(first) == loader.load(gz) == result
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.json.gz", "r_2.json"]

@@ -22,7 +22,8 @@ from moebench.timing.measure import TimingBackend
 from moebench.timing.read_floor import ReadProbe
 from moebench.run.partial import IN_PROGRESS
 from moebench.record import schema as S
-from moebench.record.store import load, save
+from moebench.analysis.load import load
+from moebench.record.store import save
 from moebench.analysis.validate import problems
 from moebench.run.runner import RunRequest, resume, run
 from moebench.timing.engine import NoMarkers, Unit

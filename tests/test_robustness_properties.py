@@ -25,6 +25,7 @@ from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry
 from moebench.fixtures.shapes import MAX_M, load_shapes_file
 from moebench.record import store
+from moebench.analysis import load as loader
 from moebench.views.formats import FORMATS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
@@ -50,7 +51,7 @@ def _one_line(err: UserError) -> None:
 def _load_and_render(path: Path) -> None:
     """store.load either refuses in one line or gives a result every text view can render."""
     try:
-        result = store.load(path)
+        result = loader.load(path)
     except UserError as err:
         _one_line(err)
         return
@@ -133,7 +134,7 @@ def test_damaged_bytes_of_a_result_file_are_refused_in_one_line(name, data):
 
 def test_the_committed_files_used_here_load_unchanged():
     for name in FILES:
-        assert store.load(RESULTS / name).samples  # the mutations start from good files
+        assert loader.load(RESULTS / name).samples  # the mutations start from good files
 
 
 # --- shape names ----------------------------------------------------------------------------

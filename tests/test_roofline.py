@@ -15,7 +15,7 @@ from moebench.views.plots import make_plots
 from moebench.analysis.roofline import FP8, HBM, floor_series, shape_floors, times_floor
 from moebench.views.roofline_view import FLOOR_HEADER, sweep_floor_rows
 from moebench.record.schema import CellInfo, Sharding
-from moebench.record.store import load
+from moebench.analysis.load import load
 from result_factory import make_result, sweep_result
 
 SWEEP_A = Path(__file__).resolve().parents[1] / "results" / "h200" / "sweep-A.json.gz"

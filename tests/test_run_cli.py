@@ -7,10 +7,10 @@ import torch
 from timing_fakes import FakeGpu, FakeTracer
 
 from moebench.cli import main
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.registry import ARMS, add_arm
 from moebench.timing.read_floor import ReadProbe
-from moebench.record.store import load
+from moebench.analysis.load import load
 from moebench.run.runner import RunFailed, RunRequest, TimingBackend, result_filename, run
 from moebench.timing.engine import Unit
 from moebench.timing.timers import KernelRecordTimer

@@ -24,7 +24,8 @@ from moebench.determinism.checks import NOT_REMADE, check_arms, check_prepared
 from moebench.fixtures import build_fixture
 from moebench.kernels.registry import external_arm_factories, make_arms
 from moebench.views.determinism_view import det_text
-from moebench.record.store import load, save
+from moebench.analysis.load import load
+from moebench.record.store import save
 from moebench.views.tables import summary_table
 from moebench.analysis.validate import problems
 from moebench.run.runner import RunRequest, resume, run

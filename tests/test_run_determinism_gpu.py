@@ -10,7 +10,7 @@ import torch
 
 from moebench.run.prepare import prepare
 from moebench.views.determinism_view import det_text
-from moebench.record.store import load
+from moebench.analysis.load import load
 from moebench.run.determinism import with_determinism
 from moebench.run.runner import RunRequest, planned
 from result_factory import run_cli
@@ -46,11 +46,11 @@ def test_the_checks_leave_no_allocation_behind():
     req = RunRequest(shapes=("A8",), arms=("cuda-fused", "cuda-fused-det"), determinism=True, determinism_runs=3,
                      cross_process=False)
     req, plan = planned(req, None, lambda m: None)
-    prep = prepare(req, plan, device)
+    prep = prepare(req.workload, req.protocol, plan, device)
     fixtures = [m.fixture for m in prep.made]  # held here, so that the checks' own allocations alone can change
     torch.cuda.synchronize(device)
     allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-    checked = with_determinism(req, prep)
+    checked = with_determinism(plan, prep)
     assert len(checked.subjects.determinism) == 2 and fixtures
     assert torch.cuda.memory_allocated(device) == allocated  # the batches' calls and outputs freed
     assert torch.cuda.memory_reserved(device) <= reserved  # and their blocks given back

@@ -63,7 +63,7 @@ def _committed_results():
 def test_committed_statistics_derive_from_committed_samples(path):
     """Every stored median, row and ratio of an H200 run is what the named functions give
     from the run's own stored samples: a reader can redo the numbers from the file."""
-    from moebench.record.store import load
+    from moebench.analysis.load import load
     r = load(path)
     summaries, ratios = summarize(r.samples, r.settings.shapes, r.settings.arms, r.settings.ref,
                                   {f.name: f.floors.hbm_bytes for f in r.fixtures} or

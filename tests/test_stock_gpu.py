@@ -9,7 +9,7 @@ import torch
 
 from moebench.fixtures import build_fixture, derive
 from moebench.kernels.registry import make_arm
-from moebench.kernels.parity import References, check_parity
+from moebench.kernels.api.parity import References, check_parity
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled_triton")]
 

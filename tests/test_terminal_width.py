@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from moebench.record.index import us
-from moebench.record.store import load
+from moebench.analysis.load import load
 from result_factory import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from moebench.errors import UserError
 from moebench.fixtures import build_fixture, derive, engine_plan_capacity, rel_l2_error, route_plan
 from moebench.kernels.stock import arms as triton_arms
 from moebench.kernels.registry import make_arm
-from moebench.kernels.parity import References, check_parity
+from moebench.kernels.api.parity import References, check_parity
 from moebench.kernels.stock.arms import (STOCK_CONFIG, SWAPAB_DEFAULT_CONFIG, TRITON_KERNELS,
                                           TritonMoeConfig, kernels_module, load_config_file,
                                           swap_ab_selected, use_interpreter)

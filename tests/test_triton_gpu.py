@@ -18,7 +18,7 @@ import pytest
 
 from moebench.fixtures import build_fixture, derive
 from moebench.kernels.registry import make_arm
-from moebench.kernels.parity import References, check_parity
+from moebench.kernels.api.parity import References, check_parity
 from moebench.kernels.stock.engine_config import TritonMoeConfig
 from moebench.kernels.stock.arms import TRITON_KERNELS, swap_ab_selected
 from moebench.kernels.verify import edge_cases

@@ -23,7 +23,8 @@ from moebench.timing.measure import TimingBackend, TimingProtocol, measure
 from moebench.run.noise import copied_fixture
 from moebench.analysis.compare import compare_results
 from moebench.record.schema import ClockSample, DeclaredKernel
-from moebench.record.store import load, save
+from moebench.analysis.load import load
+from moebench.record.store import save
 from moebench.analysis.verdicts import Verdict, parse_rules
 from moebench.timing.clocks import event_names, over_round
 from moebench.timing.engine import Unit

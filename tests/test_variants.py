@@ -11,7 +11,7 @@ from timing_fakes import FakeGpu
 
 from moebench.cli import main
 from moebench.errors import UserError
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall
 from moebench.kernels.registry import ARMS, add_arm
 from moebench.run.plan import RunRequest
 from moebench.run.prepare import RunFailed

@@ -11,14 +11,36 @@ import sys
 
 import click
 
-from moebench import __version__
+from moebench.record import VERSION
 from moebench.errors import UserError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="moebench")
+@click.version_option(VERSION, prog_name="moebench")
 def cli() -> None:
     """Paired, cold-L2, CUPTI-timed benchmarks of FP8 MoE kernels."""
+
+
+def _register_commands() -> None:
+    """Every subcommand, named here: the command modules import nothing of this package, so the
+    command line is one list and no import circles back to it."""
+    from moebench.cli.arms_cmd import arms
+    from moebench.cli.build_cmd import build
+    from moebench.cli.compare_cmd import compare
+    from moebench.cli.doctor_cmd import doctor
+    from moebench.cli.fixtures_cmd import fixtures
+    from moebench.cli.probe_cmd import probe
+    from moebench.cli.profile_cmd import profile
+    from moebench.cli.report_cmd import report
+    from moebench.cli.run_cmd import run_command
+    from moebench.cli.sweep_cmd import sweep
+    from moebench.cli.verify_cmd import verify_command
+    for command in (arms, build, compare, doctor, fixtures, probe, profile, report, run_command, sweep,
+                    verify_command):
+        cli.add_command(command)
+
+
+_register_commands()
 
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
@@ -73,7 +95,6 @@ def main(argv: list[str] | None = None) -> None:
     fit_streams()
     try:
         _take_over_interrupts()
-        from moebench.cli import commands  # noqa: F401  (registers the subcommands)
         args = list(sys.argv[1:] if argv is None else argv)
         code = cli.main(args=args, prog_name="moebench", standalone_mode=False, obj={"argv": args})
     except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C at any point, imports included

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import click
 from rich.table import Table
 from rich.text import Text
 
-from moebench.cli import cli
 from moebench.tasks.doctor import arm_availability
 from moebench.views.tables import make_console
 
 
-@cli.command()
+@click.command()
 def arms():
     """List the registered arms, what they time, and whether they can run on this machine."""
     device, rows = arm_availability()

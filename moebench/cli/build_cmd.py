@@ -9,12 +9,11 @@ import json
 import click
 from rich.table import Table
 
-from moebench.cli import cli
 from moebench.tasks.build import compiled_modules
 from moebench.views.tables import make_console
 
 
-@cli.command()
+@click.command()
 @click.option("--arm", "arm_names", multiple=True, metavar="A", help="Build this arm's CUDA module(s).")
 @click.option("--source", "sources", multiple=True, metavar="F.cu",
               help="A .cu file (a path, or a name in moebench/kernels/). Default: all of them.")

@@ -34,7 +34,7 @@ trust_stored_option = click.option(
 
 def load_result(path: str, trust_stored: bool):
     """A saved result; with `trust_stored`, one warning line per file that disagrees with itself."""
-    from moebench.record.store import load
+    from moebench.analysis.load import load
     from moebench.analysis.validate import problems
     result = load(path, trust_stored=trust_stored)
     if trust_stored:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from moebench.cli import cli
 from moebench.cli.common import load_result, trust_stored_option, wide_option
 from moebench.errors import UserError
 from moebench.choices import COMPARE_FORMAT_NAMES
@@ -42,7 +41,7 @@ class Rule(click.ParamType):
         return value
 
 
-@cli.command()
+@click.command()
 @click.argument("a_path", metavar="A.json", type=click.Path(dir_okay=False))
 @click.argument("b_path", metavar="B.json", type=click.Path(dir_okay=False))
 @click.option("--rule", "rules", type=Rule(), multiple=True, metavar="KEY:VALUE", help=RULES_HELP)

@@ -7,10 +7,9 @@ import sys
 
 import click
 
-from moebench.cli import cli
 
 
-@cli.command()
+@click.command()
 @click.option("--cpu", "cpu_only", is_flag=True,
               help="Check only what CPU use needs (torch, the Triton interpreter, NVRTC, the compile cache).")
 @click.option("--calibrate", is_flag=True,

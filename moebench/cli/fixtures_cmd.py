@@ -7,7 +7,6 @@ import json
 import click
 from rich.table import Table
 
-from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, registry, shape_option,
                                  shapes_file_option)
 from moebench.views.tables import make_console
@@ -15,7 +14,7 @@ from moebench.views.tables import make_console
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")
 
 
-@cli.command()
+@click.command()
 @shape_option
 @shapes_file_option
 @balancedness_option

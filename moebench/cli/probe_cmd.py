@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from moebench.cli import cli
 from moebench.choices import FLUSH_MODES, PROBE_OPS as OPS
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
@@ -43,7 +42,7 @@ def _print_read_floor(floor, timer: str, flush: str) -> None:
         click.echo(line)
 
 
-@cli.command("probe")
+@click.command("probe")
 @click.option("--op", type=click.Choice(sorted([*OPS, "read"])), default="add", show_default=True,
               help="read: the run's HBM read floor alone (every layout of the read kernel, 1 GiB, cold; the "
                    "best is the floor, the datasheet beside it); "

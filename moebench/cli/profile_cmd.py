@@ -6,13 +6,12 @@ import sys
 
 import click
 
-from moebench.cli import cli
 from moebench.cli.common import balancedness_option, pdl_option, shapes_file_option, triton_config_option
 from moebench.choices import FLUSH_MODES
 from moebench.failures import RunFailed
 
 
-@cli.command("profile")
+@click.command("profile")
 @click.argument("shape")
 @click.argument("arm")
 @click.option("--calls", type=int, default=4, show_default=True, help="Untimed calls, after the warm-ups.")

@@ -6,13 +6,12 @@ import sys
 
 import click
 
-from moebench.cli import cli
 from moebench.cli.common import load_result, trust_stored_option, wide_option
 from moebench.views.formats import FORMATS
 from moebench.views.report import make_report
 
 
-@cli.command()
+@click.command()
 @click.argument("result_path", metavar="RESULT.json", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
               help="What to print.")

@@ -17,7 +17,6 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from moebench.cli import cli
 from moebench.cli.common import (
     balancedness_option,
     max_fixture_gb_option,
@@ -52,7 +51,7 @@ def _progress(console: Console, total: int):
         yield advance
 
 
-@cli.command("run")
+@click.command("run")
 @shape_option
 @shapes_file_option
 @balancedness_option

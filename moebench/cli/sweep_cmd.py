@@ -12,7 +12,6 @@ import click
 from click.core import ParameterSource
 from rich.text import Text
 
-from moebench.cli import cli
 from moebench.cli.run_cmd import run_command, run_request
 from moebench.errors import UserError
 from moebench.views.tables import make_console, print_tables
@@ -21,7 +20,7 @@ from moebench.views.tables import make_console, print_tables
 RUN_OPTIONS = [p for p in run_command.params if p.name not in ("shapes", "resume", "resume_path")]
 
 
-@cli.command("sweep", params=[
+@click.command("sweep", params=[
     click.Option(["--family"], default=None, help="Family letter, e.g. A or Q, or MODEL/LAYOUT, e.g. deepseek-v3/ep8."),
     click.Option(["--m", "--ms", "ms"], default=None, metavar="M[,M...]",
                  help="Token counts, e.g. 1,2,4,8,16 (--ms under torchrun, whose parser takes --m for its own)."),

@@ -8,7 +8,6 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from moebench.cli import cli
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
                                  shapes_file_option, triton_config_option)
 from moebench.cli.determinism_cmd import check_determinism_flags, determinism_options, print_determinism
@@ -16,7 +15,7 @@ from moebench.choices import REL_L2_THRESHOLD
 from moebench.views.tables import make_console
 
 
-@cli.command("verify")
+@click.command("verify")
 @shape_option
 @shapes_file_option
 @balancedness_option

@@ -1,7 +1,7 @@
 """The arm registry: built-in arms collected from their modules, `moebench.arms` entry points,
 and arms added by name; and the run's choice of arms from it.
 
-An arm module marks its arms with `register_arm` (moebench.kernels.arm) and does nothing else
+An arm module marks its arms with `register_arm` (moebench.kernels.api.arm) and does nothing else
 at import; this module imports the built-in arm modules and collects what they mark. An arm module that cannot import its optional library must still import: it reports the
 problem through `Arm.unavailable_reason`, not at import time.
 """
@@ -19,8 +19,8 @@ from moebench.kernels.cuda import arms as cuda_arms
 from moebench.kernels.cuda import fused_arm
 from moebench.kernels.stock import sglang_arm
 from moebench.kernels.stock import arms as triton_arms
-from moebench.kernels.arm import Arm, ArmFactory, marked_arm_name
-from moebench.kernels.external import external_arm_factory, parse_external_arm, register_entry_point_arms
+from moebench.kernels.api.arm import Arm, ArmFactory, marked_arm_name
+from moebench.kernels.api.external import external_arm_factory, parse_external_arm, register_entry_point_arms
 
 BUILTIN_MODULES = (cuda_arms, triton_arms, fused_arm, sglang_arm)
 

@@ -2,7 +2,7 @@
 
 Each case derives a fixture from the shape's (same weights, fresh activations and routes,
 `moebench.fixtures.derive`), prepares each arm on it, poisons the output, runs once and
-compares (moebench.kernels.parity). The edge cases are the ones a route plan gets wrong
+compares (moebench.kernels.api.parity). The edge cases are the ones a route plan gets wrong
 first: one token, every token on the same experts, experts without tokens, and M one past a
 multiple of the block size.
 """
@@ -15,9 +15,9 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, derive
-from moebench.kernels.arm import geometry_refusals
+from moebench.kernels.api.arm import geometry_refusals
 from moebench.kernels.registry import make_arms
-from moebench.kernels.parity import Parity, References, check_parity
+from moebench.kernels.api.parity import Parity, References, check_parity
 
 EDGE_CASE_M = 64 + 3  # one past a multiple of the stock BLOCK_SIZE_M (64) and of every smaller one
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from moebench import __version__
+from moebench.record import VERSION
 
 LIBRARIES = ("torch", "triton", "cuda-core", "cuda-bindings", "cupti-python", "nvidia-cuda-cupti",
              "nvidia-cuda-nvrtc", "nvidia-ml-py", "nvtx", "numpy", "rich", "click")
@@ -95,7 +95,7 @@ def provenance(command, started_at: str, gpu=None):
     from moebench.record.schema import Provenance
     commit, dirty = git_state()
     return Provenance(
-        command=tuple(command), tool_version=__version__, git_commit=commit, git_dirty=dirty,
+        command=tuple(command), tool_version=VERSION, git_commit=commit, git_dirty=dirty,
         hostname=socket.gethostname(), started_at=started_at, finished_at=utc_now(),
         python=f"{platform.python_implementation()} {sys.version.split()[0]}",
         libraries=library_versions(), gpu=gpu, package_sha256=package_sha256(),

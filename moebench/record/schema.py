@@ -2,49 +2,10 @@
 
 Saved as JSON with `schema_version`; `load` refuses any other version with one clear line.
 
-Format history:
-  1 (2026-11-29) first format: provenance, settings, fixtures, arms, parity, raw samples
-    (CUPTI kernel records or event times), per-round clocks, audit, statistics.
-    Later defaulted fields (older files read with the default): build_parity (`--build`);
-    ArmSummary.sum_median_ns and the headline gpu_busy (the union of a sample's kernel
-    intervals; equal to gpu_sum in every file written before PDL arms, whose kernels never
-    overlap); RunResult.statistics_over: "audited samples" (summaries and ratios taken over the
-    samples the audit passed), read as "all samples" for older files, whose statistics took
-    every sample; RunResult.sharding (a sweep whose cells, one shape and its arm set each,
-    ran on the ranks of torch.distributed: each cell's rank, host, device and read bandwidth,
-    and the cells not finished), None for every other run.
-    RunResult.noise (later, defaulted to none): a measured noise floor per shape and arm, the
-    relative change that identical code shows between two prepared copies of itself.
-    ParityInfo.ref_max_abs (None in older files).
-    ParityInfo.model_excess, .model_where, .expected_rel_l2 (None in older files, judged by their
-    fixed relative-L2 threshold): the arm's error-model check (moebench.fixtures.error_model).
-    RunResult.determinism (`verify --determinism --out`): per arm and shape, run-to-run, batch
-    invariance and across-processes verdicts (moebench.record.determinism); a file of
-    verdicts alone has no samples and timer "none". A timed run carries the same records, for
-    the (shape, arm) pairs it timed, with `run --determinism` (the field unchanged, so no new
-    version: a reader of version 1 reads them as it reads a verdicts file's).
-    Settings.sampler (later, "eager" in older files): "graph" when each sample was one replay of
-    a CUDA graph of the flush and the call (`--graph`).
-    ClockSample.sm_mhz_start and .events (later, None and () in older files): the SM clock at the
-    round's start, and the NVML clock-event reasons seen at its start or end; a round whose clock
-    moved or that was power- or thermally capped is `throttled`.
-    Settings.placement_mode, .placements_by_shape and .order_seed (later; "rounds", {} and None
-    in older files): how the prepared copies were taken (by round, or turning sample by sample),
-    how many each shape had (memory may give a shape fewer than asked), and the seed the arms'
-    order was drawn from for each pair of rounds (None: odd rounds forward, even reversed).
-    RunResult.status (later, read as complete for older files): a run written after each round,
-    complete or not, why not, how many rounds are in, and what `run --resume` needs to finish it.
-    FixtureInfo.model, .layout and .config (later, "" in older files): a registry shape's public
-    model, its parallel layout and the config its numbers come from (`deepseek-v3/ep8/M8`).
-  2 (2026-12-06) the read floor: GpuInfo.read_bandwidth_bytes_per_s is the best of a purpose-built
-    read kernel's layouts (moebench.timing.read_floor), no longer a `torch.sum` over 1 GiB, and
-    GpuInfo.read_floor (CellInfo.read_floor in a sharded sweep) records how it was read: each
-    layout's rate, the winner, and the board's datasheet bandwidth. ClockSample.power_limit_w: the
-    enforced power limit at the round's end. Version 1 files load as they are (read_floor None:
-    their floor is the `torch.sum` read, which kernels can beat).
+The format's versions and the fields each added: docs/results-format.md.
 
 These records are the types of every stage that makes them, not copies: the fixtures' Floors,
-the arms' DeclaredKernel (moebench.kernels.arm.KernelDecl), parity's ParityInfo.
+the arms' DeclaredKernel (moebench.kernels.api.arm.KernelDecl), parity's ParityInfo.
 """
 
 from __future__ import annotations
@@ -55,6 +16,8 @@ from typing import Any
 
 from moebench.record.determinism import DeterminismVerdict
 from moebench.record.plain import from_plain, to_plain  # noqa: F401  (the records' converters, used as S.*)
+from moebench.record.samples import (CLOCK_MOVE_TOLERANCE, Audit, AuditFinding, ClockSample, KernelRecord,  # noqa: F401
+                                     Sample)  # (a run's samples and their audit, used as S.*)
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # what `load` accepts: 1 differs only in fields 2 added with defaults
@@ -62,66 +25,6 @@ FORMAT = "moebench.RunResult"
 AUDITED_SAMPLES = "audited samples"  # statistics over the samples the audit passed (every run now)
 ALL_SAMPLES = "all samples"  # files written before: statistics over every sample
 STATISTICS_OVER = (AUDITED_SAMPLES, ALL_SAMPLES)
-
-
-@dataclass(frozen=True)
-class KernelRecord:
-    """One kernel of one sample, as CUPTI reported it (GPU timestamps, ns)."""
-
-    name: str
-    start_ns: int
-    end_ns: int
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One timed call of one arm. CUPTI samples carry their kernels; events samples carry
-    only `events_ns`. The timed value of either is `value_ns`.
-
-    Three CUPTI durations: gpu_sum adds the kernels' durations; gpu_busy is the length of the
-    union of their intervals (the time the GPU spent on the call); gpu_span runs from the first
-    start to the last end, gaps included. Without overlap busy equals sum; kernels launched with
-    programmatic dependent launch (PDL) overlap their predecessor's tail, where sum counts the
-    shared time twice."""
-
-    shape: str
-    arm: str
-    round: int  # 1-based
-    index: int  # 0-based within the round
-    external_id: int  # CUPTI external correlation id pushed around the call (0 for events)
-    kernels: tuple[KernelRecord, ...] = ()
-    events_ns: int | None = None
-
-    @property
-    def gpu_sum_ns(self) -> int:
-        return sum(k.duration_ns for k in self.kernels)
-
-    @property
-    def gpu_busy_ns(self) -> int:
-        busy, end = 0, None
-        for k in sorted(self.kernels, key=lambda k: k.start_ns):
-            if end is None or k.start_ns >= end:
-                busy += k.duration_ns
-                end = k.end_ns
-            elif k.end_ns > end:
-                busy += k.end_ns - end
-                end = k.end_ns
-        return busy
-
-    @property
-    def gpu_span_ns(self) -> int:
-        if not self.kernels:
-            return 0
-        return max(k.end_ns for k in self.kernels) - min(k.start_ns for k in self.kernels)
-
-    @property
-    def value_ns(self) -> int:
-        """The headline time: gpu_busy for CUPTI samples, the event interval otherwise."""
-        return self.events_ns if self.events_ns is not None else self.gpu_busy_ns
 
 
 @dataclass(frozen=True)
@@ -298,55 +201,6 @@ class BuildParity:
     bitwise_equal: bool
     max_abs_diff: float  # -1: not finite
     mismatched: int  # output elements whose bits differ
-
-
-CLOCK_MOVE_TOLERANCE = 0.03  # an SM clock that moved more than this within a round flags it
-
-
-@dataclass(frozen=True)
-class ClockSample:
-    """NVML's view of one round: clocks, temperature and power at its end, the SM clock at
-    its start, and the clock-event reasons (throttling) seen at either end."""
-
-    round: int
-    sm_mhz: int | None
-    mem_mhz: int | None
-    temperature_c: int | None
-    power_w: float | None
-    sm_mhz_start: int | None = None
-    events: tuple[str, ...] = ()  # e.g. "sw_power_cap", "hw_slowdown", "sw_thermal" (idle not counted)
-    power_limit_w: float | None = None  # the enforced power limit at the round's end
-
-    @property
-    def throttled(self) -> str | None:
-        """Why the round's clocks cannot be trusted to have held, or None."""
-        if self.events:
-            return "clock events " + ", ".join(self.events)
-        a, b = self.sm_mhz_start, self.sm_mhz
-        if a and b and abs(b - a) > CLOCK_MOVE_TOLERANCE * max(a, b):
-            return f"SM clock moved {a} → {b} MHz within the round"
-        return None
-
-
-@dataclass(frozen=True)
-class AuditFinding:
-    shape: str
-    arm: str
-    round: int
-    index: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Audit:
-    samples_total: int
-    samples_passed: int
-    dropped_records: int
-    findings: tuple[AuditFinding, ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        return self.samples_passed == self.samples_total and self.dropped_records == 0 and not self.findings
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,10 @@
-"""Save and load RunResults: atomic writes, schema version checked on load. A path ending in
+"""Save and read RunResults: atomic writes, the format and schema version checked on read. A path ending in
 `.gz` is gzip-compressed on save, and any gzip file is decompressed on load (a run's samples
-make its JSON 1-2 MB; compressed, about a tenth)."""
+make its JSON 1-2 MB; compressed, about a tenth).
+
+Reading here checks only that the text is a RunResult of a readable version; whether its numbers
+follow from its samples is the analysis stage's question (moebench.analysis.load, which every
+reader of a file goes through)."""
 
 from __future__ import annotations
 
@@ -14,8 +18,6 @@ from pathlib import Path
 from moebench.record.atomic import atomic_write, create_whole
 from moebench.errors import UserError
 from moebench.record.schema import FORMAT, READABLE_VERSIONS, SCHEMA_VERSION, RunResult, from_plain, to_plain
-from moebench.analysis.validate import problems
-from moebench.analysis.validate_fields import pattern_problems
 
 
 MAX_DEPTH = 64  # far deeper than any record; a file nested deeper was built to break the reader
@@ -121,7 +123,9 @@ def _encoded(result: RunResult, path: Path) -> bytes:
     return gzip.compress(data, mtime=0) if path.suffix == ".gz" else data
 
 
-def loads(text: str, source: str = "<string>") -> RunResult:
+def parse(text: str, source: str = "<string>") -> RunResult:
+    """The RunResult in `text`, or one line saying why it is none (not JSON, another format or
+    schema version, fields of the wrong type)."""
     try:
         data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as err:
@@ -142,16 +146,11 @@ def loads(text: str, source: str = "<string>") -> RunResult:
         result = from_plain(RunResult, data)
     except (ValueError, TypeError) as err:
         raise UserError(f"{source}: malformed RunResult: {err}") from None
-    bad = pattern_problems(result)  # refused whatever the caller trusts: the audit cannot run it
-    if bad:
-        raise UserError(f"{source}: malformed RunResult: {bad[0]}")
     return result
 
 
-def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
-    """A saved RunResult, checked against its own samples (moebench.analysis.validate): a file
-    whose summaries, ratios or audit do not follow from its samples is refused in one line,
-    unless `trust_stored` (the caller then reports `validate.problems` itself)."""
+def read(path: str | Path) -> RunResult:
+    """The RunResult saved at `path` (gzip or plain), its numbers as stored."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -162,10 +161,4 @@ def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
         raise UserError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, EOFError, zlib.error) as err:  # a folder, no permission, bad gzip, truncated
         raise UserError(f"{path}: cannot read: {err}") from None
-    result = loads(text, str(path))
-    if not trust_stored:
-        found = problems(result)
-        if found:
-            more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
-            raise UserError(f"{path}: disagrees with its own samples or fields: {found[0]}{more}; --trust-stored reads it anyway")
-    return result
+    return parse(text, str(path))

@@ -47,7 +47,7 @@ def bench(callables: Mapping[str, Callable[[], None] | Sequence[Callable[[], Non
     backend: a moebench.timing.measure.TimingBackend (tests pass a fake one); default the current CUDA device.
     """
     from moebench.run.assemble import assemble, result_filename
-    from moebench.kernels.arm import as_kernel_decls
+    from moebench.kernels.api.arm import as_kernel_decls
     from moebench.timing.measure import TimingProtocol, check_protocol, cuda_backend, measure
     from moebench.run.prepare import Subjects
     from moebench.record.provenance import utc_now

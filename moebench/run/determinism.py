@@ -24,19 +24,19 @@ import torch
 
 from moebench.determinism.checks import across_processes, batch_sizes, check_prepared
 from moebench.failures import gpu_memory_guard
-from moebench.run.plan import RunRequest
+from moebench.run.plan import ArmPlan
 from moebench.run.prepare import Made, Prepared
 from moebench.record.determinism import DeterminismVerdict
 
 
-def with_determinism(req: RunRequest, prep: Prepared, log: Callable[[str], None] = lambda m: None) -> Prepared:
+def with_determinism(plan: ArmPlan, prep: Prepared, log: Callable[[str], None] = lambda m: None) -> Prepared:
     """`prep` with its subjects carrying every timed unit's verdicts (unchanged unless the
     request asks for them). The fixtures `prep.made` held for the checks are let go."""
-    if not req.determinism or not prep.made:
+    if plan.determinism is None or not prep.made:
         return prep
     device = prep.made[0].fixture.device
-    verdicts = check_units(prep.made, runs=req.determinism_runs, cross_process=req.cross_process,
-                           options=req.arm_options, external=req.external_arms, log=log)
+    verdicts = check_units(prep.made, runs=plan.determinism.runs, cross_process=plan.determinism.cross_process,
+                           options=plan.options, external=plan.external_arms, log=log)
     prep.made.clear()  # the calls stay alive in keep_alive; a fixture no call uses is freed
     _settle(device)
     return replace(prep, subjects=replace(prep.subjects, determinism=tuple(verdicts)))

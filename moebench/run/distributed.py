@@ -39,7 +39,8 @@ from moebench.run.plan import RunRequest, plan_arms, validate, with_default_arms
 from moebench.run.prepare import RunFailed
 from moebench.record import schema as S
 from moebench.record.provenance import utc_now
-from moebench.record.store import ensure_writable_dir, load, reserve_path, save
+from moebench.analysis.load import load
+from moebench.record.store import ensure_writable_dir, reserve_path, save
 from moebench.run.sweep_cells import (Cell, Placement, assign, merge, request_from_plain, request_plain, run_cell,
                                   sweep_cells)
 
@@ -108,7 +109,7 @@ def sharded_sweep(req: RunRequest, *, dry_run: bool = False, resume: str | None 
     validate(req)
     ensure_writable_dir(req.out_dir)
     todo = tuple(c.shape for c in base.sharding.missing) if base is not None else req.shapes
-    cells = sweep_cells(replace(req, shapes=todo))
+    cells = sweep_cells(req.workload.with_shapes(todo))
     given = assign(cells, world.world_size)
     where = Placement(world.rank, device, backend, world.world_size)
 

@@ -26,9 +26,9 @@ from moebench.analysis import significance as sig
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
 from moebench.fixtures.builder import TENSOR_FIELDS
-from moebench.kernels.arm import Arm, ArmFactory, PreparedCall
+from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall
 from moebench.record.schema import RunResult, Sample
-from moebench.record.store import load
+from moebench.analysis.load import load
 
 COPY_SUFFIX = "#2"
 NOISE_CONFIDENCE = 0.95

@@ -1,13 +1,17 @@
 """The plan of a run: what to time (arms on fixtures) and how (the timing protocol).
 
-A RunRequest is what the user asked for, as the command line or a caller gives it. Planning
-checks it (user mistakes as UserError, before any GPU work), resolves this run's own arms
-beside the registry (builds `ARM@NAME`, variants, external `--arm`s) and yields:
+A RunRequest is what the user asked for, as the command line or a caller gives it, and what a
+partial result stores to be resumed. Planning checks it (user mistakes as UserError, before any
+GPU work), resolves this run's own arms beside the registry (builds `ARM@NAME`, variants,
+external `--arm`s) and splits it by who needs it; each stage takes only its part:
 
-    arms          every arm by its label in the run, in the order odd rounds run them
-    ArmPlan       the factories of the run's own arms (a build, a variant, an external arm
-                  is an explicit input here, never a change to the registry)
-    protocol      rounds, samples, warm-up, flush, timer (moebench.timing.measure.TimingProtocol)
+    Workload      what to run on: the shapes and how their fixtures are made (prepare, sweeps)
+    ArmPlan       the arms: every arm by its label in the order odd rounds run them, the
+                  reference, their options, the factories of the run's own arms (a build, a
+                  variant, an external arm is an explicit input here, never a change to the
+                  registry), what a parity failure does and the determinism checks asked for
+    protocol      rounds, samples, warm-up, flush, timer, placements, order
+                  (moebench.timing.measure.TimingProtocol: measure's, and prepare's placements)
 
 Preparing those arms on the request's fixtures is moebench.run.prepare's.
 """
@@ -22,9 +26,9 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry
-from moebench.kernels.arm import ArmFactory
+from moebench.kernels.api.arm import ArmFactory
 from moebench.kernels.registry import default_arms, external_arm_factories, load_builtin_arms
-from moebench.kernels.cuda.builds import build_arm_factories, resolve_builds
+from moebench.kernels.builds import build_arm_factories, resolve_builds
 from moebench.timing.measure import TimingProtocol, check_protocol
 from moebench.run.noise import check_noise_source, copy_factory, copy_label
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
@@ -35,6 +39,34 @@ from moebench.choices import (  # noqa: E402,F401
     DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_ROUNDS, DEFAULT_SAMPLES, DETERMINISM_RUNS, NO_AA, ORDERS,
     REF_AA,
 )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a run times on: its shapes, and how their fixtures are made."""
+
+    shapes: tuple[str, ...]
+    shapes_file: str | None = None
+    balancedness: float = 0.8
+    max_fixture_gb: float = 16.0
+
+    def specs(self):
+        """The shapes as fixture specs (unknown or oversized shapes are UserErrors)."""
+        registry = ShapeRegistry(max_fixture_gb=self.max_fixture_gb)
+        if self.shapes_file:
+            registry = registry.with_shapes_file(self.shapes_file)
+        return registry.resolve_many(list(self.shapes), balancedness=self.balancedness)
+
+    def with_shapes(self, shapes: tuple[str, ...]) -> "Workload":
+        return replace(self, shapes=shapes)
+
+
+@dataclass(frozen=True)
+class DeterminismAsk:
+    """`--determinism`: each timed call's determinism verdicts, before timing."""
+
+    runs: int = DETERMINISM_RUNS  # runs of the same inputs in the run-to-run check
+    cross_process: bool = True  # the output hash against a fresh process's
 
 
 @dataclass(frozen=True)
@@ -82,10 +114,15 @@ class RunRequest:
         return self.ref or self.arms[0]
 
     @property
+    def workload(self) -> Workload:
+        return Workload(self.shapes, self.shapes_file, self.balancedness, self.max_fixture_gb)
+
+    @property
     def protocol(self) -> TimingProtocol:
         return TimingProtocol(self.rounds, self.samples, self.warmup, self.flush, self.timer, self.measure_bandwidth,
                               self.sampler, self.placements_target, self.placement_mode,
-                              self.order_seed if self.order == "shuffled" else None)
+                              self.order_seed if self.order == "shuffled" else None,
+                              fit_placements=self.placements is None)
 
     @property
     def placements_target(self) -> int:
@@ -102,11 +139,22 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class ArmPlan:
-    """This run's own arms beside the registry: builds (ARM@NAME), variants and external arms."""
+    """The run's arms: their labels in order, the reference, their options, and this run's own
+    arms beside the registry (builds ARM@NAME, variants, external arms) as factories."""
 
     factories: dict[str, ArmFactory] = field(default_factory=dict)
     build_arms: tuple[str, ...] = ()
     build_base: str | None = None  # the build the others' outputs are compared with
+    arms: tuple[str, ...] = ()
+    ref: str | None = None  # None: the first arm
+    options: dict = field(default_factory=dict)  # e.g. {"triton_config": path}, to the arms that take them
+    external_arms: tuple[str, ...] = ()  # `--arm NAME=module:factory`, as given (a fresh process makes them again)
+    keep_going: bool = False  # arms failing the oracle are left out and the rest timed, not a stop
+    determinism: DeterminismAsk | None = None
+
+    @property
+    def ref_arm(self) -> str:
+        return self.ref or self.arms[0]
 
 
 def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
@@ -131,7 +179,9 @@ def plan_arms(req: RunRequest) -> tuple[RunRequest, ArmPlan]:
         names += [a for a in (aa, copy) if a not in names]
     build_arms = tuple(b.arm_name for b in builds)
     base = ref if ref in build_arms else (build_arms[0] if build_arms else None)
-    return replace(req, arms=tuple(names), ref=ref, aa_arm=aa), ArmPlan(factories, build_arms, base)
+    req = replace(req, arms=tuple(names), ref=ref, aa_arm=aa)
+    return req, ArmPlan(factories, build_arms, base, req.arms, req.ref, req.arm_options, req.external_arms,
+                        req.keep_going, DeterminismAsk(req.determinism_runs, req.cross_process) if req.determinism else None)
 
 
 def _aa_arm(req: RunRequest, ref: str | None, names: list[str], known: dict, by_build: dict) -> str | None:
@@ -163,7 +213,7 @@ def validate_settings(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> 
     """The mistakes validate finds whatever the arms: shapes, the protocol, the determinism runs."""
     if not req.shapes:
         raise UserError("no shape given")
-    resolve_specs(req)
+    req.workload.specs()  # unknown or oversized shapes
     check_protocol(req.protocol, timers)
     if req.order not in ORDERS:
         raise UserError(f"unknown --order {req.order!r} (known: {', '.join(ORDERS)})")
@@ -171,14 +221,6 @@ def validate_settings(req: RunRequest, timers: tuple[str, ...] = RUN_TIMERS) -> 
         raise UserError(f"--order-seed must be a whole number from 0 to 2**63 - 1, got {req.order_seed}")
     if req.determinism and req.determinism_runs < 2:
         raise UserError(f"--determinism-runs must be at least 2, got {req.determinism_runs}")
-
-
-def resolve_specs(req: RunRequest):
-    """The request's shapes as fixture specs (unknown or oversized shapes are UserErrors)."""
-    registry = ShapeRegistry(max_fixture_gb=req.max_fixture_gb)
-    if req.shapes_file:
-        registry = registry.with_shapes_file(req.shapes_file)
-    return registry.resolve_many(list(req.shapes), balancedness=req.balancedness)
 
 
 def with_order_seed(req: RunRequest) -> RunRequest:

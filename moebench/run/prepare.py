@@ -23,14 +23,15 @@ from moebench.failures import (  # noqa: F401  (RunFailed: raised here, caught b
 from moebench.fixtures import Fixture, build_fixture
 from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
-from moebench.kernels.arm import Arm, PreparedCall, geometry_refusals
+from moebench.kernels.api.arm import Arm, PreparedCall, geometry_refusals
 from moebench.kernels.registry import make_arms
-from moebench.kernels.cuda.builds import compare_outputs
+from moebench.kernels.builds import compare_outputs
 from moebench.kernels.cuda.nvrtc import CudaBuildError
 from moebench.kernels.stock.engine_logs import ENGINE_MESSAGES, messages_line
-from moebench.kernels.parity import References, check_parity
+from moebench.kernels.api.parity import References, check_parity
 from moebench.run.noise import copied_fixture
-from moebench.run.plan import ArmPlan, RunRequest, resolve_specs
+from moebench.run.plan import ArmPlan, Workload
+from moebench.timing.measure import TimingProtocol
 from moebench.record import schema as S
 from moebench.record.determinism import DeterminismVerdict
 from moebench.timing.engine import Unit
@@ -77,20 +78,21 @@ class Prepared:
     excluded: set[tuple[str, str]] = field(default_factory=set)  # (shape, arm) failed the oracle or refused: not timed
 
 
-def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
+def prepare(work: Workload, protocol: TimingProtocol, plan: ArmPlan, device: torch.device,
             log: Callable[[str], None] = lambda m: None) -> Prepared:
-    """Fixtures on `device`, every arm prepared and checked against the oracle. Builds' outputs
-    are then compared with the base build's, bit for bit. Raises RunFailed on a parity failure
-    unless `req.keep_going`; then the failing units are left out, and so is an arm with none left."""
-    specs = resolve_specs(req)
-    arms = make_arms(req.arms, req.arm_options, plan.factories)
+    """Fixtures of `work` on `device`, every arm of `plan` prepared (as many placements as
+    `protocol` asks and memory allows) and checked against the oracle. Builds' outputs are then
+    compared with the base build's, bit for bit. Raises RunFailed on a parity failure unless
+    `plan.keep_going`; then the failing units are left out, and so is an arm with none left."""
+    specs = work.specs()
+    arms = make_arms(plan.arms, plan.options, plan.factories)
     for arm in arms:
         why = arm.unavailable_reason(device)
         if why:
             raise UserError(f"arm {arm.name!r} cannot run here: {why}")
     refused = geometry_refusals(arms, specs)  # before any fixture is built: one line each
     for (shape, name), line in refused.items():
-        if name == req.ref_arm:
+        if name == plan.ref_arm:
             raise UserError(f"the reference arm cannot serve {shape}: {line} (choose another --ref)")
         log(f"refused, not timed: {line} ({shape})")
     fixtures, infos, parity, build_parity, units, keep, made = [], [], [], [], [], [], []
@@ -114,9 +116,10 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         served = [arm for arm in arms if (spec.name, arm.name) not in refused]
         firsts = {arm.name: _placed_calls(arm, [fx], refs, spec.name, size, device, log) for arm in served}
         per_copy = _allocated(device) - before + size
-        n_place = placements_for(req.placements, req.placements_target, per_copy, len(specs) - n_spec, device)
-        if req.placements is None and req.placement_mode == "samples":
-            n_place = balanced_placements(n_place, req.samples)
+        n_place = placements_for(None if protocol.fit_placements else protocol.placements, protocol.placements,
+                                 per_copy, len(specs) - n_spec, device)
+        if protocol.fit_placements and protocol.placement_mode == "samples":
+            n_place = balanced_placements(n_place, protocol.samples)
         placed[spec.name] = n_place
         more: dict[str, tuple] = {}
         if n_place > 1:
@@ -148,7 +151,7 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
             infos.append(S.ArmInfo(arm.name, arm.description, spec.name, decl, dict(call.identity)))
             units.append(Unit.placed(spec.name, arm.name, [(c.run, c.reset) for c in calls], decl))
             keep.extend(calls)
-            if req.determinism:
+            if plan.determinism is not None:
                 made.append(Made(fx, arm, call))
             if arm.name in plan.build_arms:
                 build_outputs[arm.name] = call.output.detach().clone()  # as parity's run left it
@@ -156,15 +159,15 @@ def prepare(req: RunRequest, plan: ArmPlan, device: torch.device,
         del refs, build_outputs, firsts, more
     for arm, by_shape in _engine_messages(infos).items():
         log(messages_line(arm, by_shape))
-    excluded = parity_exclusions(failures, req.keep_going, req.ref_arm)
+    excluded = parity_exclusions(failures, plan.keep_going, plan.ref_arm)
     if excluded:
         log(excluded_line(failures))
     excluded |= set(refused)
     timed = {u.arm for u in units}  # --keep-going: an arm with no unit left is no arm of this run
-    subjects = Subjects(shapes=tuple(f.name for f in fixtures), arms=tuple(a for a in req.arms if a in timed),
-                        ref=req.ref_arm,
+    subjects = Subjects(shapes=tuple(f.name for f in fixtures), arms=tuple(a for a in plan.arms if a in timed),
+                        ref=plan.ref_arm,
                         hbm_bytes=hbm, fixtures=tuple(fixtures), arm_infos=tuple(infos), parity=tuple(parity),
-                        build_parity=tuple(build_parity), balancedness=req.balancedness, placements=placed)
+                        build_parity=tuple(build_parity), balancedness=work.balancedness, placements=placed)
     return Prepared(subjects, units, keep, made, excluded)
 
 

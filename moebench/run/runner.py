@@ -32,7 +32,8 @@ from moebench.run.plan import RunRequest, plan_arms, validate, validate_settings
 from moebench.run.prepare import prepare
 from moebench.record import schema as S
 from moebench.record.provenance import package_sha256, utc_now
-from moebench.record.store import ensure_writable_dir, load
+from moebench.analysis.load import load
+from moebench.record.store import ensure_writable_dir
 from moebench.run.determinism import with_determinism
 from moebench.run.resume import check_same, check_settings, earlier_measurement, request_plain, resumable_request
 
@@ -75,7 +76,7 @@ def run(req: RunRequest, backend: TimingBackend | None = None, *, log: Callable[
     ensure_writable_dir(req.out_dir)
     started_at = utc_now()
     backend = backend or _device_backend(req, plan)
-    prep = with_determinism(req, prepare(req, plan, backend.device, log), log)
+    prep = with_determinism(plan, prepare(req.workload, req.protocol, plan, backend.device, log), log)
 
     def make(m: Measurement, status: S.RunStatus) -> S.RunResult:
         return _with_floors(req, assemble(m, prep.subjects, gpu=backend.gpu, command=req.command,
@@ -93,7 +94,7 @@ def resume(path: str | Path, backend: TimingBackend | None = None, *, given: dic
     old = load(path)
     req, plan = planned(resumable_request(old, str(path), given), backend, log)
     backend = backend or _device_backend(req, plan)
-    prep = prepare(req, plan, backend.device, log)
+    prep = prepare(req.workload, req.protocol, plan, backend.device, log)
     prep.made.clear()  # the file's verdicts are kept: nothing is checked again
     check_same(old, prep.subjects, backend.gpu, package_sha256(), str(path))
     subjects = replace(prep.subjects, parity=old.parity, build_parity=old.build_parity, determinism=old.determinism)

@@ -26,7 +26,7 @@ import torch
 from moebench.run.assemble import assemble
 from moebench.fixtures.builder import fixture_routes
 from moebench.timing.measure import Measurement, TimingBackend, measure
-from moebench.run.plan import ArmPlan, RunRequest, resolve_specs
+from moebench.run.plan import ArmPlan, RunRequest, Workload
 from moebench.run.prepare import prepare
 from moebench.record import schema as S
 from moebench.record.provenance import provenance, utc_now
@@ -56,9 +56,9 @@ def cell_cost(spec) -> float:
     return float(max(hbm_bytes, flops / FLOPS_PER_BYTE))
 
 
-def sweep_cells(req: RunRequest) -> list[Cell]:
-    """The request's shapes as cells, in the request's order."""
-    return [Cell(spec.name, cell_cost(spec)) for spec in resolve_specs(req)]
+def sweep_cells(work: Workload) -> list[Cell]:
+    """The workload's shapes as cells, in its order."""
+    return [Cell(spec.name, cell_cost(spec)) for spec in work.specs()]
 
 
 def assign(cells: Sequence[Cell], world_size: int) -> dict[int, list[Cell]]:
@@ -92,7 +92,7 @@ def run_cell(req: RunRequest, plan: ArmPlan, cell: Cell, where: Placement, *,
     RunFailed on a parity failure, as `moebench run` does."""
     started_at = utc_now()
     cell_req = replace(req, shapes=(cell.shape,))
-    prep = with_determinism(cell_req, prepare(cell_req, plan, where.device, log), log)
+    prep = with_determinism(plan, prepare(cell_req.workload, cell_req.protocol, plan, where.device, log), log)
     if where.backend is None:
         m, gpu = _unmeasured(req), None
     else:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
-from moebench.kernels.arm import Arm, ArmFactory, PreparedCall
+from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall
 
 VARIANT_RE = re.compile(r"(?P<name>[A-Za-z0-9][\w.+-]*)=(?P<family>[\w.@+-]+)(?::(?P<body>.*))?")
 KEY_RE = re.compile(r"[A-Za-z_]\w*")

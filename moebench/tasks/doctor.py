@@ -294,8 +294,8 @@ def optional_findings() -> list[Finding]:
 # ---------------------------------------------------------------------------- all
 
 def findings(cpu_only: bool = False, probe: GpuProbe | None = None) -> list[Finding]:
-    from moebench import __version__
-    out = [Finding(OK, "moebench", __version__), *cpu_findings()]
+    from moebench.record import VERSION
+    out = [Finding(OK, "moebench", VERSION), *cpu_findings()]
     if not cpu_only:
         out += gpu_findings(probe or GpuProbe())
     return out + optional_findings()

@@ -46,7 +46,7 @@ def profile_arm(req: RunRequest, calls: int = 4, backend: TimingBackend | None =
     validate(req, timers=("none",))  # shapes too, before any GPU work
     make_arms(req.arms, req.arm_options, plan.factories)  # an unknown arm or option named before the device
     backend = replace(backend, timer=Untimed()) if backend is not None else cuda_backend(req.protocol)
-    prep = prepare(req, plan, backend.device, log)
+    prep = prepare(req.workload, req.protocol, plan, backend.device, log)
     measure(prep.units, req.protocol, backend)
     (info,) = prep.subjects.arm_infos
     return Profiled(info.shape, info.name, calls, req.warmup, req.flush, prep.subjects.parity,

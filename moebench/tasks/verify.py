@@ -74,7 +74,7 @@ def verify_determinism(req: VerifyRequest, *, runs: int | None, cross_process: b
     verdicts as a RunResult (moebench.determinism.checks.result) for `--out`."""
     from moebench.determinism.checks import DEFAULT_RUNS, check_arms
     from moebench.determinism.checks.result import determinism_result
-    from moebench.kernels.external import parse_external_arm
+    from moebench.kernels.api.external import parse_external_arm
     from moebench.record.provenance import utc_now
     runs = DEFAULT_RUNS if runs is None else runs
     if runs < 2:

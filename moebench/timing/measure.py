@@ -59,6 +59,7 @@ class TimingProtocol:
     placements: int = 1  # copies of each call on buffers of their own (Unit.call)
     placement_mode: str = "rounds"  # which copy a sample uses: by round, or turning sample by sample
     order_seed: int | None = None  # the arms' order per pair of rounds (None: forward, then reversed)
+    fit_placements: bool = False  # `placements` is a target memory may cut (not a --placements given)
 
 
 def check_protocol(p: TimingProtocol, timers: Sequence[str] = RUN_TIMERS) -> None:

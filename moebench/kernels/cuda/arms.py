@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from moebench.fixtures import Fixture, route_plan
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
 from moebench.kernels.cuda.source import KernelSource
 
 SOURCE = "sm90_grouped_gemm.cu"

@@ -30,7 +30,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, RoutePlan, route_plan
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
 from moebench.kernels.cuda.fused_checks import MAX_E, MAX_TOP_K, geometry_refusal, validate  # noqa: F401
 from moebench.kernels.cuda.fused_checks import need as _need
 from moebench.kernels.cuda.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401

@@ -385,7 +385,7 @@ def prepare_prefill_call(arm_name: str, fx, max_ctas: int | None = None, *, chun
     `splits` and `overlap` override the work cut (split_work's and overlap_down's, for the plan's
     real blocks, when None)."""
     from moebench.fixtures import route_plan
-    from moebench.kernels.arm import KernelDecl, PreparedCall
+    from moebench.kernels.api.arm import KernelDecl, PreparedCall
     s = fx.spec
     plan = route_plan(fx.topk_ids, s.E, BLOCK_M)
     blocks = plan.num_blocks

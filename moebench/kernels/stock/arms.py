@@ -31,7 +31,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, RoutePlan, engine_plan_capacity, route_plan
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
 from moebench.kernels.stock.engine_config import (DEFAULT_CONFIG, SWAP_AB_RULE, ConfigTable, Device, StockPlan,
                                             TritonMoeConfig, load_config_file, resolve, sorted_rows,
                                             swap_ab_rule)

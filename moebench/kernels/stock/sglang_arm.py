@@ -35,7 +35,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
-from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
+from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
 from moebench.kernels.stock.engine_logs import ENGINE_MESSAGES, captured_engine_messages
 from moebench.kernels.stock.arms import TRITON_KERNELS, interpreter_requested, stock_workspace
 

@@ -27,8 +27,8 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
-from moebench.kernels.arm import Arm, ArmFactory, PreparedCall
-from moebench.kernels.cuda.build_specs import (BuildSpec, ResolvedBuild, build_keyword, parse_build_spec,  # noqa: F401
+from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall
+from moebench.kernels.build_specs import (BuildSpec, ResolvedBuild, build_keyword, parse_build_spec,  # noqa: F401
                                           parse_define, read_at_revision, resolve_builds, resolve_revision,
                                           source_arms)
 from moebench.kernels.registry import arms_in, load_builtin_arms

@@ -18,7 +18,7 @@ scales fx.w1_scale / fx.w2_scale, fx.topk_ids / fx.topk_weights [M,top_k], fx.sp
 K, E, top_k, N). Do everything untimed there (layouts, plans, allocation, compilation,
 warm-up) and return:
 
-  * a `moebench.kernels.arm.PreparedCall`, or
+  * a `moebench.kernels.api.arm.PreparedCall`, or
   * `(run, output, kernels)` or `(run, output, kernels, reset)`, or
   * a dict with `run`, `output`, `kernels` and optionally `reset`, `identity`, `oracle`;
 
@@ -46,7 +46,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
-from moebench.kernels.arm import Arm, ArmFactory, PreparedCall, as_kernel_decls
+from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall, as_kernel_decls
 
 ENTRY_POINT_GROUP = "moebench.arms"
 ARM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*")

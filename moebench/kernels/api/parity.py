@@ -22,7 +22,7 @@ import torch
 from moebench.fixtures import Fixture, fixture_reference, rel_l2_error
 from moebench.errors import UserError
 from moebench.fixtures.error_model import ErrorTerms, error_model, error_terms
-from moebench.kernels.arm import PreparedCall
+from moebench.kernels.api.arm import PreparedCall
 from moebench.record.schema import ParityInfo
 
 # A fixed relative-L2 limit, used only where a user asks for one (--threshold); defined where --help reads it.
