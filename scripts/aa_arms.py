@@ -22,7 +22,7 @@ from statistics import median
 
 import torch
 
-from moebench.kernels.arm import KernelDecl, PreparedCall
+from moebench.kernels.api.arm import KernelDecl, PreparedCall
 from moebench.kernels.registry import make_arm
 from moebench.timing.flush import L2Flush
 

@@ -46,7 +46,7 @@ def moebench(*args: str) -> str:
 def flush_table() -> str:
     """Median gpu_sum per shape and arm under each flush mode, from the three flush runs."""
     sys.path.insert(0, str(ROOT))
-    from moebench.record.store import load
+    from moebench.analysis.load import load
 
     modes = ["read", "write", "none"]
     runs = {m: load(RESULTS / f"flush-{m}.json.gz") for m in modes}
@@ -70,7 +70,7 @@ def log_lines(name: str, *patterns: str) -> str:
 def swapab_sentence() -> str:
     """What Swap-AB alone buys: the paired cuda-gemm / cuda-swapab ratios of the two sweeps."""
     sys.path.insert(0, str(ROOT))
-    from moebench.record.store import load
+    from moebench.analysis.load import load
 
     parts = []
     for family in ("A", "Q"):
@@ -93,7 +93,7 @@ def fused_table() -> str:
     measured read bandwidth), speed-up over the engine-faithful triton, and the fastest other arm."""
     sys.path.insert(0, str(ROOT))
     from moebench.analysis.roofline import UNDERSTATED, arm_floor
-    from moebench.record.store import load
+    from moebench.analysis.load import load
 
     r = load(RESULTS / "all-arms.json")
     by = {(x.shape, x.arm): x for x in r.summaries}
@@ -123,7 +123,7 @@ def fused_every_m(results: Path = RESULTS) -> str:
     fastest arm, its lead over the best stock arm at M <= 256, and its share of the FP8 peak at M >= 4096."""
     sys.path.insert(0, str(ROOT))
     from moebench.analysis.roofline import shape_floors
-    from moebench.record.store import load
+    from moebench.analysis.load import load
 
     lines = ["| family | fastest arm at | cuda-swapab's kernels (a tie) at | slower than another arm at | "
              "vs `triton` at M ≤ 256 | share of dense FP8 peak at M ≥ 4096 |", "|---|---|---|---|--:|--:|"]
@@ -162,7 +162,7 @@ def placement_table() -> str:
     from collections import defaultdict
     from statistics import median
 
-    from moebench.record.store import load
+    from moebench.analysis.load import load
 
     order = ["gemm1", "silu_and_mul", "act_quant", "gemm2", "combine"]
     runs = [("`triton#2` / `triton` (A/A)", "stock-A1-aa-triton.json", "triton#2", "triton"),
@@ -189,7 +189,7 @@ def placements_rows() -> str:
     """One placement against four (`run --placements`): the A/A pair of cuda-fused and the
     two-accumulator walk against the kernel before it, on an H100, read off the four runs."""
     sys.path.insert(0, str(ROOT))
-    from moebench.record.store import load
+    from moebench.analysis.load import load
     from moebench.analysis.stats import placement_summaries
 
     exp = ROOT / "results" / "h100" / "experiments"
@@ -215,7 +215,7 @@ def referee_sentence(name: str) -> str:
     """The stock arm against its referee in one committed run, as the Markdown report gives it."""
     sys.path.insert(0, str(ROOT))
     from moebench.views.markdown import referee_markdown
-    from moebench.record.store import load
+    from moebench.analysis.load import load
     return referee_markdown(load(RESULTS / name)) + "\n"
 
 

@@ -46,7 +46,7 @@ export W R
 
 for s in "$@"; do case $s in
   env) stage env bash -c 'nvidia-smi; python3 -m moebench doctor; python3 -c "import torch,triton;print(torch.__version__,triton.__version__)"' ;;
-  golden) stage golden python3 -m pytest -q tests/test_fixture_golden.py ;;
+  golden) stage golden python3 -m pytest -q tests/cpu/test_fixture_golden.py ;;
   gpu-tests) stage gpu-tests python3 -m pytest -q -m gpu -x --durations=10 ;;
   gpu-tests-all) stage gpu-tests-all python3 -m pytest -q -m gpu --durations=10 ;;
   build) stage build python3 -m moebench build ;;
@@ -60,7 +60,7 @@ for s in "$@"; do case $s in
            --launch-skip 10 --launch-count 100 --metrics gpu__time_duration.sum --csv \
            python3 -m moebench probe --op add --mib 256 --samples 110 --warmup 0 --timer none --flush none > $W/logs/ncu_add.csv &&
          python3 -m moebench probe --op add --mib 256 --samples 200 --flush read --ncu-csv $W/logs/ncu_add.csv" ;;
-  truth-tests) stage truth-tests python3 -m pytest -q -m gpu tests/test_graphs_gpu.py tests/test_timing_gpu.py ;;
+  truth-tests) stage truth-tests python3 -m pytest -q -m gpu tests/gpu/test_graphs_gpu.py tests/gpu/test_timing_gpu.py ;;
   ncu-offset) stage ncu-offset bash -c ncu_offset ;;
   noise) stage noise python3 -m moebench run --shape A8,A128,Q8,Q128 --aa cuda-fused --out "$R/noise" ;;
   aa-proof) stage aa-proof python3 scripts/aa_proof.py --out "$R/aa" ;;  # AA_SLOWDOWN, AA_ARM: scripts/aa_arms.py
@@ -73,7 +73,7 @@ for s in "$@"; do case $s in
   sweep-q) stage sweep-q python3 -m moebench sweep --family Q --m 1,2,4,8,16,32,64,128,256 --arms cuda-gemm,cuda-swapab,triton --out "$R" ;;
   builds) stage builds python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --build wt=moebench/kernels/cuda/sm90_fused_moe.cu --build v1=git:bd15e63 --ref v1 --out "$R" ;;
-  cuda-tests) stage cuda-tests python3 -m pytest -q tests/test_cuda_arms_gpu.py ;;
+  cuda-tests) stage cuda-tests python3 -m pytest -q tests/gpu/test_cuda_arms_gpu.py ;;
   fused-vs-rev) stage fused-vs-rev python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --build wt=moebench/kernels/cuda/sm90_fused_moe.cu --build base=git:"${BASE_REV:?set BASE_REV}" --ref base --out "$R" ;;
   fused-variants) stage fused-variants python3 -m moebench run --shape A8,A128,Q8,Q128 \
@@ -94,7 +94,7 @@ for s in "$@"; do case $s in
   gemm2-steps) stage gemm2-steps python3 -m moebench run --shape Q128,A128,Q8,A8 \
          --variant steps8=cuda-swapab:target_steps=8 --variant steps4=cuda-swapab:target_steps=4 \
          --variant steps16=cuda-swapab:target_steps=16 --variant steps32=cuda-swapab:target_steps=32 --out "$R/gemm2" ;;
-  fused-tests) stage fused-tests python3 -m pytest -q tests/test_fused_gpu.py ;;
+  fused-tests) stage fused-tests python3 -m pytest -q tests/gpu/test_fused_gpu.py ;;
   fused-clusters) stage fused-clusters python3 -m moebench run --shape A8,A128,Q8,Q128 \
          --variant c8=cuda-fused:cluster=8 --variant c4p2=cuda-fused:cluster=4,per_sm=2 \
          --variant c4p3=cuda-fused:cluster=4,per_sm=3 --out "$R/clusters" ;;

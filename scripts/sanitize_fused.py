@@ -33,7 +33,7 @@ from moebench.fixtures import build_fixture, fixture_reference, route_plan  # no
 from moebench.fixtures.shapes import Family, ShapeSpec  # noqa: E402
 from moebench.kernels.cuda.fused_arm import (CudaFusedArm, make_fused_launch,  # noqa: E402
                                         prepare_fused_weights)
-from moebench.kernels.parity import compare  # noqa: E402
+from moebench.kernels.api.parity import compare  # noqa: E402
 
 
 def main() -> int:

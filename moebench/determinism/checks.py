@@ -9,7 +9,7 @@ Three checks per arm and fixture, each bitwise (BF16 bit patterns, so -0 and NaN
                   fixture itself, and the fixture followed by M more tokens): a batch-invariant
                   arm gives those rows the same bits whatever else is in the batch;
   across processes  the SHA-256 of the first run's output in a fresh Python process
-                  (moebench.determinism.checks.child) equals this one's.
+                  (moebench.determinism.child) equals this one's.
 
 Untimed: nothing here measures speed. `moebench verify --determinism` prepares the arms for the
 checks (check_arms); `moebench run --determinism` runs them on the calls it times
@@ -138,7 +138,7 @@ class ChildRequest:
 
 def cross_process_check(request: ChildRequest, hashes_here: dict[str, str],
                         timeout_s: float = 900.0) -> dict[str, CrossProcess]:
-    """Run `python -m moebench.determinism.checks.child` on the request; each arm's hash there against
+    """Run `python -m moebench.determinism.child` on the request; each arm's hash there against
     `hashes_here[arm]`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this process's imports (a test's arms too)
@@ -149,7 +149,7 @@ def cross_process_check(request: ChildRequest, hashes_here: dict[str, str],
         return {arm: CrossProcess(h, None, why) for arm, h in hashes_here.items()}
     for attempt, pause_s in enumerate((*MEMORY_RETRY_PAUSES_S, None)):
         try:
-            proc = subprocess.run([sys.executable, "-m", "moebench.determinism.checks.child"],
+            proc = subprocess.run([sys.executable, "-m", "moebench.determinism.child"],
                                   input=json.dumps(asdict(request)), capture_output=True, text=True,
                                   timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:

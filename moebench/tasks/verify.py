@@ -71,9 +71,9 @@ def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None) -> t
 def verify_determinism(req: VerifyRequest, *, runs: int | None, cross_process: bool, command: list[str],
                        log: Callable[[str], None] = lambda m: None):
     """`verify --determinism`: every arm's verdicts at every shape, the device, and the
-    verdicts as a RunResult (moebench.determinism.checks.result) for `--out`."""
+    verdicts as a RunResult (moebench.determinism.result) for `--out`."""
     from moebench.determinism.checks import DEFAULT_RUNS, check_arms
-    from moebench.determinism.checks.result import determinism_result
+    from moebench.determinism.result import determinism_result
     from moebench.kernels.api.external import parse_external_arm
     from moebench.record.provenance import utc_now
     runs = DEFAULT_RUNS if runs is None else runs
