@@ -23,6 +23,7 @@ from typing import Sequence
 from moebench.errors import UserError
 from moebench.kernels.cuda.cache import sources_dir
 from moebench.kernels.cuda.source import KERNELS_DIR, KernelSource, folder_lookup, include_closure, materialize
+from moebench.kernels.moved import candidate_paths, with_todays_imports
 from moebench.kernels.registry import load_builtin_arms
 
 BUILD_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -106,6 +107,16 @@ def read_at_revision(root: Path, commit: str, repo_path: str) -> str | None:
     """The text of `repo_path` (relative to the repository root) at `commit`, or None."""
     p = _git(root, "show", f"{commit}:{repo_path}")
     return p.stdout.decode() if p.returncode == 0 else None
+
+
+def read_moved_at_revision(root: Path, commit: str, repo_path: str) -> tuple[str, str] | None:
+    """(the path, its text) of today's `repo_path` at `commit`: under its own path, or where it
+    was before the stage folders (moebench.kernels.moved); None when under neither."""
+    for path in candidate_paths(repo_path):
+        text = read_at_revision(root, commit, path)
+        if text is not None:
+            return path, text
+    return None
 
 
 def headers_at_revision(root: Path, commit: str, repo_path: str, text: str) -> dict[str, str]:
@@ -281,9 +292,10 @@ def _resolve(s: BuildSpec, arm: str, source_name: str, default_path: str, define
     commit = resolve_revision(root, s.revision)
     if commit is None:
         raise UserError(f"--build {s.text}: unknown git revision {s.revision!r} in {root}")
-    text = read_at_revision(root, commit, repo_path)
-    if text is None:
+    found_at = read_moved_at_revision(root, commit, repo_path)
+    if found_at is None:
         raise UserError(f"--build {s.text}: {repo_path} does not exist at {s.revision} ({commit[:12]})")
+    repo_path, text = found_at
     headers = headers_at_revision(root, commit, repo_path, text)
     # a header the revision lacks is this tree's (moebench/kernels), pinned now like the rest
     found = include_closure(text, lambda name: headers.get(name) or folder_lookup(KERNELS_DIR)(name))
@@ -314,8 +326,11 @@ def _differs_at_revision(b: ResolvedBuild, module: str) -> str | None:
     rel = os.path.relpath(spec.origin, b.repo)
     if rel.startswith(".."):
         return None
-    text = read_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
-    return Path(rel).as_posix() if text is not None and text != Path(spec.origin).read_text() else None
+    found = read_moved_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
+    if found is None:  # not at the revision: its host module there does not import it
+        return None
+    text = with_todays_imports(found[1])
+    return Path(rel).as_posix() if text != Path(spec.origin).read_text() else None
 
 
 def _launcher_differs(b: ResolvedBuild) -> str | None:
@@ -346,9 +361,14 @@ def _with_host(b: ResolvedBuild) -> ResolvedBuild:
     rel = os.path.relpath(path, b.repo)
     if rel.startswith(".."):
         return b  # this moebench is not part of the build's repository
-    text = read_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
-    if text is None or text == path.read_text():
+    found = read_moved_at_revision(Path(b.repo), b.commit, Path(rel).as_posix())
+    if found is None:  # never this tree's host code in its place
+        raise UserError(f"--build {b.spec}: {b.arm}'s host module {Path(rel).as_posix()} does not exist at "
+                        f"{b.revision} ({b.commit[:12]}), nor where it was before the stage folders; "
+                        f"--build-host worktree times the revision's kernel with this tree's")
+    at, text = found[0], with_todays_imports(found[1])
+    if text == path.read_text():
         return b
-    return replace(b, host=Path(rel).as_posix(), host_sha256=hashlib.sha256(text.encode()).hexdigest(), host_text=text)
+    return replace(b, host=at, host_sha256=hashlib.sha256(text.encode()).hexdigest(), host_text=text)
 
 

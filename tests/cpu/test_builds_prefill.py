@@ -14,7 +14,9 @@ from moebench.errors import UserError
 from moebench.fixtures import build_fixture
 from moebench.fixtures.shapes import Family, ShapeSpec
 from moebench.kernels.cuda import fused_prefill
+from moebench.kernels.build_specs import read_moved_at_revision
 from moebench.kernels.builds import build_arm_factories, resolve_builds
+from moebench.kernels.moved import with_todays_imports
 from moebench.kernels.cuda.fused_arm import CudaFusedArm, CudaFusedDetArm
 from moebench.kernels.cuda.source import KERNELS_DIR, KernelSource
 
@@ -77,12 +79,19 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
+def _text_at(commit: str, path: str) -> str | None:
+    found = read_moved_at_revision(ROOT, commit, path)
+    return None if found is None else with_todays_imports(found[1])
+
+
 def _head_and_last_change(path: str, clean: str) -> tuple[str, str]:
-    """This checkout's HEAD and the last commit that changed `path`; skips where there is no such
+    """This checkout's HEAD and the last commit that changed what `path` says (a move to the
+    stage folders, which renamed only its imports, is no change); skips where there is no such
     history, or `clean` (a path) has uncommitted changes."""
     try:
         head = _git("rev-parse", "HEAD")
-        last = _git("log", "-n1", "--format=%H", "--", path)
+        touched = _git("log", "--follow", "--format=%H", "--", path).split()
+        last = next((c for c in touched if _text_at(f"{c}~1", path) != _text_at(c, path)), "")
         dirty = _git("status", "--porcelain", "--", clean)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("moebench is not a git checkout here")
@@ -138,7 +147,7 @@ def test_a_git_decode_build_is_refused_where_a_helper_of_the_arm_differs(monkeyp
     (now,) = resolve_builds([f"now=git:{head}:{spec}"], cwd=ROOT)
     assert now.arm == "cuda-fused" and now.host is None
     # (fused_policy.py or a helper that changed with it, the first of them named)
-    with pytest.raises(UserError, match=rf"cuda-fused's launch also runs this tree's moebench/kernels/fused_\w+\.py, "
+    with pytest.raises(UserError, match=rf"cuda-fused's launch also runs this tree's moebench/kernels/cuda/fused_\w+\.py, "
                                         rf"which differs at {last[:7]}.*~1 .*--build-host worktree times it with this "
                                         rf"tree's"):
         resolve_builds([f"old=git:{last}~1:{spec}"], cwd=ROOT)
