@@ -107,7 +107,7 @@ MODULE_RENAMES: dict[str, str] = {
 }
 _OLD_NAME = re.compile(r"(?<![\w.])(" + "|".join(re.escape(m) for m in sorted(MODULE_RENAMES, key=len, reverse=True))
                        + r")(?![\w])")
-_FROM_PACKAGE = re.compile(r"^(\s*)from (moebench(?:\.\w+)*) import (\w+)(?: as (\w+))?\s*$", re.M)
+_FROM_PACKAGE = re.compile(r"^([ \t]*)from (moebench(?:\.\w+)*) import (\w+)(?: as (\w+))?[ \t]*$", re.M)
 
 
 def candidate_paths(repo_path: str) -> tuple[str, ...]:

@@ -103,8 +103,8 @@ def test_a_host_module_missing_at_the_revision_is_refused_not_replaced(tmp_path,
         arm_module.add_module_arms(importlib.import_module("hosted_tiny_arm"))
         with pytest.raises(UserError, match=r"test-hosted's host module hosted_tiny_arm.py does not exist at HEAD~1 "
                                             r".*--build-host worktree"):
-            resolve_builds(["old=git:HEAD~1"])
-        (kept,) = resolve_builds(["old=git:HEAD~1"], host="worktree")
+            resolve_builds(["old=git:HEAD~1:moebench_test_hosted.cu"])
+        (kept,) = resolve_builds(["old=git:HEAD~1:moebench_test_hosted.cu"], host="worktree")
         assert kept.host is None and "host v2" in build_arm_factories([kept])["test-hosted@old"]().description
     finally:
         sys.modules.pop("hosted_tiny_arm", None)
