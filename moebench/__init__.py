@@ -25,8 +25,7 @@ def _guard_the_command_start() -> None:
 
 _guard_the_command_start()
 
-# The library entry point. Imported here, after __version__, so that `moebench.run.bench` is the
-# function (a plain `import moebench.run.bench` would otherwise leave the submodule in its place).
+# The library entry point, `moebench.bench(callables, ...)` (moebench/run/bench.py).
 from moebench.run.bench import bench  # noqa: E402
 
 __all__ = ["bench", "__version__"]

@@ -1,7 +1,7 @@
-"""`moebench.run.bench`: time any callables with moebench's engine and get a RunResult.
+"""`moebench.bench`: time any callables with moebench's engine and get a RunResult.
 
     import moebench
-    result = moebench.run.bench({"mine": run_mine, "theirs": run_theirs}, ref="theirs",
+    result = moebench.bench({"mine": run_mine, "theirs": run_theirs}, ref="theirs",
                             kernels={"mine": ["my_kernel"], "theirs": None})
     print(result.ratios[0].median)   # theirs-row / mine-row, median over rounds (> 1: mine faster)
 
@@ -90,7 +90,7 @@ def bench(callables: Mapping[str, Callable[[], None] | Sequence[Callable[[], Non
         identity = {"callable": getattr(first, "__qualname__", repr(first))}
         if (label, name) in m.inferred:
             identity["kernels"] = INFERRED
-        infos.append(S.ArmInfo(name, "callable timed by moebench.run.bench", label, m.declared[(label, name)], identity))
+        infos.append(S.ArmInfo(name, "callable timed by moebench.bench", label, m.declared[(label, name)], identity))
     subjects = Subjects(shapes=(label,), arms=names, ref=ref or names[0], hbm_bytes={label: hbm_bytes},
                         arm_infos=tuple(infos))
     result = assemble(m, subjects, gpu=backend.gpu, command=("python", *sys.argv), started_at=started_at)

@@ -1,7 +1,7 @@
 """The measurement core: `measure(units, protocol, backend) -> Measurement`.
 
 Every front end times through this one function: `run` and `sweep` (prepared arms on
-fixtures), `moebench.run.bench` (any callables), `probe` (one streaming kernel), variants and
+fixtures), `moebench.bench` (any callables), `probe` (one streaming kernel), variants and
 builds (arms like any other) and `profile` (the untimed strategy, for ncu and nsys).
 
     TimingProtocol  rounds, samples and warm-ups per unit per round, flush mode, timer name,
@@ -14,7 +14,7 @@ Under `protocol.sampler == "graph"` each unit's call is captured with the flush 
 and a sample is one replay (moebench.timing.graphs); the flush's kernels are taken out of it.
 
 A unit that declares no kernels is audited against the kernel set most of its samples hold
-(moebench.run.bench's callables); the Measurement says which were inferred.
+(moebench.bench's callables); the Measurement says which were inferred.
 """
 
 from __future__ import annotations

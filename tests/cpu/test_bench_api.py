@@ -1,4 +1,4 @@
-"""moebench.run.bench: arbitrary callables through the paired-round engine (fake backend, CPU)."""
+"""moebench.bench: arbitrary callables through the paired-round engine (fake backend, CPU)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from moebench.analysis.load import load
 
 def test_bench_is_the_package_function():
     from moebench.run.bench import bench
-    assert moebench.run.bench is bench and callable(moebench.run.bench)
+    assert moebench.bench is bench and callable(moebench.bench)
 
 
 def test_bench_times_callables_and_returns_a_run_result(tmp_path):
@@ -28,7 +28,7 @@ def test_bench_times_callables_and_returns_a_run_result(tmp_path):
         gpu.launch("gemm_b", 2000)
         gpu.launch("epilogue_b", 1000)
 
-    result = moebench.run.bench({"slow": slow, "fast": fast}, kernels={"slow": ["gemm_a"], "fast": None},
+    result = moebench.bench({"slow": slow, "fast": fast}, kernels={"slow": ["gemm_a"], "fast": None},
                             rounds=3, samples=4, warmup=2, label="mine", hbm_bytes=3_000_000,
                             backend=fake_backend(gpu), out_dir=str(tmp_path))
     assert calls["a"] == 3 * (4 + 2)
@@ -55,14 +55,14 @@ def test_inferred_kernels_flag_samples_that_differ():
         if n["calls"] % 5 == 0:
             gpu.launch("k_extra", 500)
 
-    result = moebench.run.bench({"x": sometimes_two}, rounds=2, samples=5, warmup=0, backend=fake_backend(gpu))
+    result = moebench.bench({"x": sometimes_two}, rounds=2, samples=5, warmup=0, backend=fake_backend(gpu))
     assert not result.audit.passed
     assert result.audit.samples_total == 10 and result.audit.samples_passed == 8
     assert all("unexpected 'k_extra'" in f.reason for f in result.audit.findings)
 
 
 def test_a_callable_that_launches_nothing_fails_the_audit():
-    result = moebench.run.bench({"idle": lambda: None}, rounds=1, samples=2, warmup=0,
+    result = moebench.bench({"idle": lambda: None}, rounds=1, samples=2, warmup=0,
                             backend=fake_backend(FakeGpu()))
     assert not result.audit.passed and "missing a kernel" in result.audit.findings[0].reason
 
@@ -78,7 +78,7 @@ def test_a_callable_that_launches_nothing_fails_the_audit():
 ])
 def test_bench_mistakes_raise_user_error(kwargs, needle):
     with pytest.raises(UserError, match=None) as exc:
-        moebench.run.bench({"a": lambda: None}, backend=fake_backend(FakeGpu()), **kwargs)
+        moebench.bench({"a": lambda: None}, backend=fake_backend(FakeGpu()), **kwargs)
     assert needle in str(exc.value)
 
 
@@ -94,7 +94,7 @@ def test_statistics_leave_out_the_samples_the_audit_rejected(tmp_path):
             gpu.launch("k", 1000)
             gpu.launch("k_stray", 90_000)
 
-    result = moebench.run.bench({"x": slow_when_odd}, kernels={"x": ["^k$"]}, rounds=2, samples=4, warmup=0,
+    result = moebench.bench({"x": slow_when_odd}, kernels={"x": ["^k$"]}, rounds=2, samples=4, warmup=0,
                             backend=fake_backend(gpu), out_dir=str(tmp_path))
     assert result.audit.samples_passed == 4 and result.statistics_over == "audited samples"
     (s,) = result.summaries
@@ -109,7 +109,7 @@ def test_copies_of_a_call_are_timed_in_turn_by_round():
     resets = []
     mine = [lambda ns=ns: gpu.launch("k", ns) for ns in (1000, 1300, 1100)]
     theirs = [lambda: gpu.launch("t", 2000)] * 3
-    result = moebench.run.bench({"theirs": theirs, "mine": mine}, reset={"mine": [lambda k=k: resets.append(k)
+    result = moebench.bench({"theirs": theirs, "mine": mine}, reset={"mine": [lambda k=k: resets.append(k)
                                                                                for k in range(3)]},
                             rounds=4, samples=2, warmup=0, backend=fake_backend(gpu))
     assert result.settings.placements == 3 and result.audit.passed
@@ -127,5 +127,5 @@ def test_copies_of_a_call_are_timed_in_turn_by_round():
 ])
 def test_copies_mistakes_raise_user_error(callables, needle):
     with pytest.raises(UserError) as exc:
-        moebench.run.bench(callables, rounds=2, backend=fake_backend(FakeGpu()))
+        moebench.bench(callables, rounds=2, backend=fake_backend(FakeGpu()))
     assert needle in str(exc.value)

@@ -191,19 +191,5 @@ def test_the_audit_line_names_counts_and_first_findings():
 
 # A fresh process: blocks that earlier tests leave in this process's allocator (segments that a
 # live tensor keeps, graph pools) would serve the fixture, and the run would not run out.
-_OOM_CHILD = """
-import json, sys, torch
-from moebench.errors import UserError
-from moebench.run.runner import RunRequest, run
-free, _ = torch.cuda.mem_get_info()
-hog = torch.empty(max(0, free - 512 * 2**20), dtype=torch.uint8, device="cuda")
-req = RunRequest(shapes=("A8",), arms=("triton",), rounds=1, samples=2, warmup=0, out_dir=sys.argv[1],
-                 measure_bandwidth=False)
-try:
-    run(req)
-    print(json.dumps({"raised": None}))
-except UserError as err:
-    print(json.dumps({"raised": str(err)}))
-"""
 
 

@@ -18,12 +18,6 @@ extern "C" __global__ void tiny(float* out) {
 #endif
 }
 '''
-KERNELS = r'''
-__device__ __noinline__ float twice(float x) { return 2.f * x; }
-extern "C" __global__ void first(float* out) { out[threadIdx.x] = twice(out[threadIdx.x]); }
-extern "C" __global__ void second(float* out) { out[threadIdx.x] = 0.f; }
-template <int N> __global__ void scaled(float* out) { out[threadIdx.x] *= N; }
-'''
 
 
 def _without_log_resources(m):

@@ -13,10 +13,6 @@ import pytest
 from moebench.analysis.load import load
 
 ROOT = Path(__file__).resolve().parents[2]
-CHILD = Path(__file__).resolve().parents[1] / "helpers" / "resume_child.py"
-ROUNDS = 5
-RUN_ARGS = ["run", "--arms", "resume-ref,resume-fast", "--shape", "T8,T16", "--rounds", str(ROUNDS),
-            "--samples", "3", "--warmup", "1", "--order-seed", "11", "--aa", "none"]
 
 
 @pytest.mark.gpu
