@@ -15,11 +15,11 @@ import types
 import torch
 
 from moebench.errors import UserError
-from moebench.kernels import cuda_arms, fused_arm, sglang_arm, triton_arms
+from moebench.kernels import cublas_arm, cuda_arms, fused_arm, sglang_arm, triton_arms
 from moebench.kernels.arm import Arm, ArmFactory, marked_arm_name
 from moebench.kernels.external import external_arm_factory, parse_external_arm, register_entry_point_arms
 
-BUILTIN_MODULES = (cuda_arms, triton_arms, fused_arm, sglang_arm)
+BUILTIN_MODULES = (cuda_arms, triton_arms, fused_arm, sglang_arm, cublas_arm)
 
 # The order a run with no --arms times the built-in arms in (the ref first).
 DEFAULT_ORDER = ("triton", "sglang", "triton-default", "triton-swapab", "cuda-gemm", "cuda-swapab", "cuda-fused")
