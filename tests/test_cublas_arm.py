@@ -11,9 +11,9 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Family, ShapeSpec, build_fixture, derive
-from moebench.kernels import cublas_arm, cublas_moe
+from moebench.kernels import cublas_arm, cublas_layout
 from moebench.kernels.cublas_arm import CublasArm, check_operands, emulated_gemm, kernels_for, weight_scales_b
-from moebench.kernels.cublas_moe import ALIGN_ROWS, grouped_rows, segment_scales
+from moebench.kernels.cublas_layout import ALIGN_ROWS, grouped_rows, segment_scales
 from moebench.kernels.parity import References, check_parity
 from moebench.kernels.registry import load_builtin_arms, make_arm
 from moebench.kernels.verify import edge_cases
@@ -132,13 +132,13 @@ def test_a_scale_layout_fault_fails_parity(t8, monkeypatch):
     """Scales read with the rows' order reversed inside a segment (a plain [rows, G] layout taken
     for the outer-major one would do the like): the oracle check must catch it."""
     fx = derive(t8, 5, M=12)
-    real = cublas_moe.GroupedRows.scale_src
+    real = cublas_layout.GroupedRows.scale_src
 
     def shuffled(self, groups):
         src = real(self, groups)
         return src.roll(1)
 
-    monkeypatch.setattr(cublas_moe.GroupedRows, "scale_src", shuffled)
+    monkeypatch.setattr(cublas_layout.GroupedRows, "scale_src", shuffled)
     parity = check_parity(CublasArm(gemm="emulated").prepare(fx), References(fx), "fault")
     assert not parity.passed
 

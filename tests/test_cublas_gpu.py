@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moebench.kernels.cublas_arm import CublasArm, cublas_gemm, emulated_gemm, weight_scales_b
-from moebench.kernels.cublas_moe import segment_scales
+from moebench.kernels.cublas_layout import segment_scales
 from moebench.kernels.parity import References, check_parity
 from moebench.timing.audit import kernel_mismatch
 

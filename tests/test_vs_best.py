@@ -65,7 +65,8 @@ def test_tables_show_it_beside_the_ref_within_100_columns(monkeypatch):
         assert len(line) <= 100 and "…" not in line, line
     table = text[text.index("vs the best of"):]
     table = table[:table.index("└")]
-    rows = [[c.strip() for c in line.strip("│").split("│")] for line in table.splitlines() if line.startswith("│")]
+    rows = [[c.strip() for c in line.strip("│").split("│")]
+            for line in table.splitlines() if line.startswith("│")]
     shape = None
     for cells, b in zip(rows, best_ratios(run)):
         shape = cells[0] or shape

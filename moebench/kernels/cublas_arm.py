@@ -5,11 +5,11 @@ kernel runs them.
 
 What the timed call runs, in order:
   * gather: the tokens' FP8 rows and their 1x128 scales into the grouped layout
-    (moebench.kernels.cublas_moe: rows sorted by expert, each expert's segment padded to 16 rows,
+    (moebench.kernels.cublas_layout: rows sorted by expert, each expert's segment padded to 16 rows,
     scales outer-dim-major per segment), two `index_select` kernels;
   * GEMM1 per routed expert: [rows_e, K] x [K, 2I] -> BF16 (cuBLAS);
   * SwiGLU and the FP8 requant of the intermediate per row per 128 columns, one Triton kernel
-    that writes the codes and the scales in the layout GEMM2 reads;
+    that writes the codes and the scales in the layout GEMM2 reads (moebench.kernels.cublas_moe);
   * GEMM2 per routed expert: [rows_e, I] x [I, K] -> BF16 (cuBLAS);
   * combine: each token's slots weighted and summed in FP32, rounded to BF16 once (Triton).
 
@@ -45,7 +45,7 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, ShapeSpec
 from moebench.kernels.arm import Arm, KernelDecl, PreparedCall, register_arm
-from moebench.kernels.cublas_moe import ALIGN_ROWS, GROUP, GroupedRows, grouped_rows, segment_scales
+from moebench.kernels.cublas_layout import ALIGN_ROWS, GROUP, GroupedRows, grouped_rows, segment_scales
 
 GEMM_PATTERN = r"nvjet|gemm|xmma|cutlass"  # cuBLASLt's kernel names on Hopper (none of moebench's)
 TORCH_HINT = "torch >= 2.10 built with CUDA >= 12.9"
@@ -181,7 +181,8 @@ class CublasArm(Arm):
             return missing
         major, minor = torch.cuda.get_device_capability(device)
         if major != 9:
-            return f"cuBLAS's block-wise (1x128, 128x128) FP8 scaling runs on sm_90 (Hopper) only, found sm_{major}{minor}"
+            return (f"cuBLAS's block-wise (1x128, 128x128) FP8 scaling runs on sm_90 (Hopper) only, "
+                    f"found sm_{major}{minor}")
         if interpreter_requested():
             return "TRITON_INTERPRET=1 is set"
         return None
