@@ -266,3 +266,60 @@ def referee_checks(result, tolerance: float = REFEREE_TOLERANCE) -> tuple[Refere
                                        {lab: kernels[(shape, arm, lab)] / kernels[(shape, referee, lab)]
                                         for lab in labels}, tolerance))
     return tuple(checks)
+
+
+# ----------------------------------------------------------------------------------------------
+# Against the best of the stock and peer arms: what a reviewer asks of every ratio.
+# ----------------------------------------------------------------------------------------------
+
+# The arms "best" is taken over: the stock path as shipped and tuned, the engine's own kernels,
+# and the production non-Triton peer. The fastest of those present at a shape (lowest median) is
+# that shape's best.
+BEST_OF = ("triton", "triton-tuned", "sglang", "cublas")
+
+
+@dataclass(frozen=True)
+class BestRatio:
+    """One arm at one shape against the shape's best of BEST_OF: best-row / arm-row per round,
+    median over rounds (> 1: the arm beats the best); `ratio` is None for the best itself."""
+
+    shape: str
+    arm: str
+    best: str
+    ratio: RatioSummary | None
+
+
+def _unit_rows(result) -> dict[tuple[str, str], dict[int, float]]:
+    by_unit: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for s in summary_samples(result):
+        by_unit[(s.shape, s.arm)].append((s.round, s.value_ns))
+    return {unit: rows_by_round(values) for unit, values in by_unit.items()}
+
+
+def best_arms(result, among: Sequence[str] = BEST_OF, rows=None) -> dict[str, str]:
+    """shape -> the arm of `among` with the lowest median there (ties: the earlier in `among`),
+    the medians taken from the stored samples as the run's summaries are."""
+    rows = _unit_rows(result) if rows is None else rows
+    out = {}
+    for shape in result.settings.shapes:
+        present = [a for a in among if rows.get((shape, a))]
+        if present:
+            out[shape] = min(present, key=lambda a: (arm_median(rows[(shape, a)]), among.index(a)))
+    return out
+
+
+def best_ratios(result, among: Sequence[str] = BEST_OF) -> tuple[BestRatio, ...]:
+    """Every arm's ratio against its shape's best of `among`, from the stored samples exactly as
+    the run's own ratios (rows paired by round). Empty unless the run holds two of `among`:
+    with one, the best is that arm everywhere and the run's ratios against it say the rest."""
+    if sum(a in result.settings.arms for a in among) < 2:
+        return ()
+    rows = _unit_rows(result)
+    out = []
+    for shape, best in best_arms(result, among, rows).items():
+        for arm in result.settings.arms:
+            if not rows.get((shape, arm)):
+                continue
+            ratio = None if arm == best else ratio_summary(shape, best, arm, rows[(shape, best)], rows[(shape, arm)])
+            out.append(BestRatio(shape, arm, best, ratio))
+    return tuple(out)

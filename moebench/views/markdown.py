@@ -17,7 +17,7 @@ from moebench.analysis.roofline import arm_floor, shape_floors
 from moebench.views.roofline_view import (FLOOR_HEADER, floor_cells, floor_note, read_floor_text, share_text,
                                            sweep_floor_rows, understated_note)
 from moebench.record.schema import RunResult, Settings
-from moebench.views.tables import build_parity_by_arm, build_parity_text, incomplete_text
+from moebench.views.tables import best_cells, build_parity_by_arm, build_parity_text, incomplete_text
 from moebench.analysis.throttle import run_line
 from moebench.analysis.ratio_verdicts import ratio_verdicts
 from moebench.analysis.verdicts import is_win
@@ -64,7 +64,7 @@ def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
                                         _reproduce(ix)) if p) + "\n"
     parts = [_title(ix), _warnings(ix), _summary_table(ix), _sweep_floors(ix), method_sentence(result.settings),
              referee_markdown(result), placement_markdown(result), determinism_markdown(result.determinism),
-             _per_round_table(ix),
+             _per_round_table(ix), best_markdown(result),
              _images(images), _provenance(ix), _reproduce(ix)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -152,6 +152,24 @@ def _summary_table(ix: ResultIndex) -> str:
     note = floor_note(ix)
     align = "llrrrrrrrr" + ("r" if builds else "") + "rrlr" + ("l" if det else "")
     return _table(header, align, rows) + (f"\n\n{note}." if note else "")
+
+
+def best_markdown(result: RunResult) -> str:
+    """Each arm against its shape's best of the stock and peer arms (moebench.analysis.stats.best_ratios),
+    beside its ratio against the ref; empty unless the run holds two of them."""
+    from moebench.analysis.stats import BEST_OF, best_ratios
+    best = best_ratios(result)
+    if not best:
+        return ""
+    ref = result.settings.ref
+    rows = []
+    for b in best:
+        vs_ref, vs_best, won = best_cells(result, b)
+        rows.append([b.shape, f"`{b.arm}`", vs_ref, vs_best, f"`{b.best}`", won])
+    head = (f"Against the best of {', '.join(f'`{a}`' for a in BEST_OF)} present at each shape (lowest "
+            f"median; best-row / arm-row per round, median over rounds, > 1: the arm is faster):")
+    return head + "\n\n" + _table(["shape", "arm", f"vs `{ref}`", "vs best", "best", "rounds won vs best"],
+                                   "llrrlr", rows)
 
 
 def _sweep_floors(ix: ResultIndex) -> str:

@@ -170,6 +170,40 @@ def ratio_table(result: RunResult) -> Table | None:
     return t
 
 
+def best_cells(result: RunResult, b) -> tuple[str, str, str]:
+    """(vs ref, vs best, rounds won against the best) of one BestRatio (moebench.analysis.stats)."""
+    ref = result.settings.ref
+    r = next((x for x in result.ratios if (x.shape, x.arm) == (b.shape, b.arm)), None)
+    vs_ref = "ref" if b.arm == ref else ("—" if r is None else f"{r.median:.3f}")
+    if b.ratio is None:
+        return vs_ref, "best", "—"
+    return vs_ref, f"{b.ratio.median:.3f}", f"{b.ratio.rounds_won}/{b.ratio.rounds}"
+
+
+def best_table(result: RunResult, best) -> Table | None:
+    """Each arm against its shape's best of the stock and peer arms (BestRatio records, from
+    moebench.analysis.stats.best_ratios), beside its ratio against the run's ref."""
+    if not best:
+        return None
+    from moebench.analysis.stats import BEST_OF
+    t = Table(title=f"vs the best of {', '.join(BEST_OF)} present, per shape (> 1 favours the arm)",
+              title_justify="left")
+    t.add_column("shape", style="bold", no_wrap=True)
+    t.add_column("arm", no_wrap=True)
+    t.add_column(f"vs {result.settings.ref}", justify="right", no_wrap=True)
+    t.add_column("vs best", justify="right", no_wrap=True)
+    t.add_column("best", no_wrap=True)
+    t.add_column("rounds won", justify="right", no_wrap=True)
+    last = None
+    for b in best:
+        if last is not None and b.shape != last:
+            t.add_section()
+        vs_ref, vs_best, won = best_cells(result, b)
+        t.add_row(b.shape if b.shape != last else "", b.arm, vs_ref, vs_best, b.best if b.shape != last else "", won)
+        last = b.shape
+    return t
+
+
 def kernel_table(kernels) -> Table | None:
     """Each declared kernel's median (KernelSummary records, from moebench.analysis.stats)."""
     if not kernels:
@@ -241,7 +275,7 @@ def findings_lines(result: RunResult, limit: int = 20) -> list[str]:
 
 def print_tables(result: RunResult, console: Console | None = None, *, kernels: bool = False,
                  wide: bool = False) -> None:
-    from moebench.analysis.stats import kernel_summaries, placement_summaries, referee_checks
+    from moebench.analysis.stats import best_ratios, kernel_summaries, placement_summaries, referee_checks
     console = console or make_console()
     if result.determinism:
         console.print(determinism_table(result.determinism))
@@ -253,9 +287,9 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     console.print(summary_table(result, wide))
     for table in sweep_floor_tables(ResultIndex(result), wide):
         console.print(table)
-    ratios = ratio_table(result)
-    if ratios is not None:
-        console.print(ratios)
+    for table in (ratio_table(result), best_table(result, best_ratios(result))):
+        if table is not None:
+            console.print(table)
     for table in (placement_table(placement_summaries(result), result.settings.ref),
                   kernel_table(kernel_summaries(result)) if kernels else None, referee_table(referee_checks(result))):
         if table is not None:

@@ -70,7 +70,7 @@ STAGES = (
     ("record", ("moebench.record",)),
     ("fixtures", ("moebench.fixtures",)),
     ("kernel api", ("moebench.kernels.api",)),
-    ("kernels", ("moebench.kernels.stock", "moebench.kernels.cuda")),
+    ("kernels", ("moebench.kernels.stock", "moebench.kernels.cuda", "moebench.kernels.peer")),
     ("registry", ("moebench.kernels",)),
     ("timing", ("moebench.timing",)),
     ("analysis", ("moebench.analysis",)),
