@@ -11,3 +11,4 @@ from moebench.cli import doctor_cmd  # noqa: F401
 from moebench.cli import compare_cmd  # noqa: F401
 from moebench.cli import sweep_cmd  # noqa: F401
 from moebench.cli import profile_cmd  # noqa: F401
+from moebench.cli import tune_cmd  # noqa: F401
