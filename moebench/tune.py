@@ -187,6 +187,9 @@ class MTune:
                 else:
                     self.state.put(self.M, key, int(_median(vals)))
             self.state.save()
+            timed, refused = self.state.count(self.M)
+            self.log(f"{self.fx.spec.name}: {len(units)} timed ({timed} so far, {refused} refused); "
+                     f"{self.budget.elapsed:.0f} s")
         return {self.key(g, c, p): self.state.get(self.M, self.key(g, c, p))["ns"] for g, c, p in items}
 
     def best(self, options, cost) -> tuple:

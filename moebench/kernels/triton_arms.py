@@ -1,4 +1,4 @@
-"""Arms `triton`, `triton-default` and `triton-swapab`: the stock five-kernel FP8 block-scale path.
+"""Arms `triton`, `triton-default`, `triton-swapab`, `triton-tuned`: the stock five-kernel FP8 block-scale path.
 
 `triton` is the path as the serving engines launch it on the GPU at hand (engine_config.py
 states their rules): the tuned config tables the engine ships for this device and Triton
@@ -14,6 +14,9 @@ group-M 32, 4 warps, 3 stages): what an engine runs on a GPU it has no table for
 SM90 condition), so the interpreter and non-SM90 GPUs run the swapped kernels; where no table
 exists it falls back to the small-batch config BM 16 rather than BM 64. On an SM90 GPU with
 tables it launches what `triton` launches.
+
+`triton-tuned` is the path with the tables `moebench tune` wrote for this GPU and Triton
+(`--tuned DIR`, moebench.kernels.tuned_tables), looked up as the engines look theirs up.
 
 This module imports without Triton: availability is reported by `unavailable_reason`.
 """
