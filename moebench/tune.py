@@ -266,7 +266,10 @@ def _specs(req: TuneRequest):
     registry = ShapeRegistry(max_fixture_gb=req.max_fixture_gb)
     if req.shapes_file:
         registry = registry.with_shapes_file(req.shapes_file)
-    names = sweep_shapes(req.family, ",".join(str(m) for m in req.ms))
+    try:
+        names = sweep_shapes(req.family, ",".join(str(m) for m in req.ms))
+    except UserError as err:  # the tune's option is --shape (sweep's --family)
+        raise UserError(str(err).replace("--family:", "--shape:", 1)) from None
     return [registry.resolve(n, balancedness=req.balancedness) for n in names]
 
 
@@ -299,6 +302,7 @@ def tune(req: TuneRequest, device: torch.device, timer=None, log: Callable[[str]
     if timer is None:
         from moebench.measure import cuda_backend
         timer = MeasureTimer(cuda_backend(req.protocol))
+    gpu = getattr(getattr(timer, "backend", None), "gpu", None)  # with the driver and clocks, when real
     budget = Budget(req.budget_s, clock)
     smem = _smem_per_block(device)
     tma = dev.sm90 and dev.tensor_descriptors
@@ -330,7 +334,7 @@ def tune(req: TuneRequest, device: torch.device, timer=None, log: Callable[[str]
                 "up_ns": vals["up"]["ns"], "down_ns": vals["down"]["ns"], "check": check,
                 "candidates_timed": timed, "candidates_refused": refused})
             state.save()
-            written = write_outputs(req, state, folder, stem, spec0, dev, device)
+            written = write_outputs(req, state, folder, stem, spec0, dev, device, gpu=gpu)
             ratio = check.get("ratio_shipped_over_tuned")
             log(f"{spec.name}: kept {check['kept']}" + (f" (shipped/tuned {ratio:.3f} over {check['rounds']} "
                                                          f"rounds)" if ratio is not None else "")
@@ -341,7 +345,7 @@ def tune(req: TuneRequest, device: torch.device, timer=None, log: Callable[[str]
     finally:
         state.save()
     if stopped:
-        written = write_outputs(req, state, folder, stem, spec0, dev, device, stopped=stopped)
+        written = write_outputs(req, state, folder, stem, spec0, dev, device, stopped=stopped, gpu=gpu)
     finished = tuple(m for m in req.ms if str(m) in state.done)
     left = tuple(m for m in req.ms if str(m) not in state.done)
     return TuneOutcome(folder, written, finished, left, stopped)

@@ -40,21 +40,23 @@ def timing_regime(req) -> dict:
                       "rule": "tuned pair kept where the median over rounds of shipped/tuned (whole path) > 1"}}
 
 
-def _gpu(device: torch.device) -> dict:
+def _gpu(device: torch.device, gpu=None) -> dict:
+    if gpu is not None:
+        return asdict(gpu)
     if device.type != "cuda":
         return {"name": "cpu (Triton interpreter)"}
     from moebench.results.provenance import gpu_info
     return asdict(gpu_info(device))
 
 
-def provenance_doc(req, state, spec, dev, device: torch.device, stopped: str | None) -> dict:
+def provenance_doc(req, state, spec, dev, device: torch.device, stopped: str | None, gpu=None) -> dict:
     from moebench.results.provenance import git_state, library_versions, package_sha256, utc_now
     commit, dirty = git_state()
     finished = state.finished()
     return {
         "format": PROVENANCE_FORMAT, "moebench": __version__, "git_commit": commit, "git_dirty": dirty,
         "package_sha256": package_sha256(), "command": list(req.command), "finished_at": utc_now(),
-        "gpu": _gpu(device), "device_name": dev.name, "triton": dev.triton_version,
+        "gpu": _gpu(device, gpu), "device_name": dev.name, "triton": dev.triton_version,
         "libraries": library_versions(), "geometry": state.key["geometry"], "timing": timing_regime(req),
         "search": {"start": "the engine's shipped configs at each M", "passes": req.passes,
                    "moves": ["BLOCK_SIZE_M (both GEMMs)", *OWN_AXES], "engine_grid": ENGINE_GRID},
@@ -64,7 +66,7 @@ def provenance_doc(req, state, spec, dev, device: torch.device, stopped: str | N
 
 
 def write_outputs(req, state, folder: Path, stem: str, spec, dev, device: torch.device,
-                  stopped: str | None = None) -> tuple[Path, ...]:
+                  stopped: str | None = None, gpu=None) -> tuple[Path, ...]:
     """The up and down tables of every finished M, and the provenance; nothing when none is finished."""
     finished = state.finished()
     if not finished:
@@ -74,5 +76,5 @@ def write_outputs(req, state, folder: Path, stem: str, spec, dev, device: torch.
     paths = (write_table(folder / table_name(spec.E, spec.I, dev.name), up),
              write_table(folder / table_name(spec.E, spec.I, dev.name, down=True), down))
     prov = folder / f"{stem}.provenance.json"
-    atomic_write(prov, (json.dumps(provenance_doc(req, state, spec, dev, device, stopped), indent=1) + "\n").encode())
+    atomic_write(prov, (json.dumps(provenance_doc(req, state, spec, dev, device, stopped, gpu), indent=1) + "\n").encode())
     return (*paths, prov)

@@ -104,7 +104,8 @@ def test_names_and_format_are_the_engines(tmp_path):
     assert table_name(257, 128, "NVIDIA H100 80GB HBM3") == \
         "E=257,N=128,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128, 128].json"
     assert table_name(512, 128, "NVIDIA H200", down=True).endswith("block_shape=[128, 128]_down.json")
-    assert tables_folder(tmp_path, "3.6.0+git1").relative_to(tmp_path).as_posix() == "configs/triton_3_6_0"
+    assert tables_folder(tmp_path, "3.6.0").relative_to(tmp_path).as_posix() == "configs/triton_3_6_0"
+    assert tables_folder(tmp_path, "3.6.0+git1").name == "triton_3_6_0+git1"  # as SGLang forms it
     entries = {128: C(16, 128, 128, 1, 4, 3, True), 8: C(16, 64, 128, 16, 4, 4)}
     text = table_json(entries).decode()
     assert text.endswith("}\n") and list(json.loads(text)) == ["8", "128"]  # ascending M
@@ -250,6 +251,8 @@ def test_tune_and_tuned_inputs_are_one_line(tmp_path):
     cases = [
         (["tune", "--shape", "A", "--ms", "8,x"], "--ms: expected token counts"),
         (["tune", "--shape", "Z", "--ms", "8"], "unknown shape family"),
+        (["tune", "--shape", "A8", "--ms", "8"], "--shape: expected one family letter"),
+        (["tune", "--ms", "8"], "Missing option '--shape'"),
         (["tune", "--shape", "A", "--ms", "8", "--budget", "0"], "--budget must be a positive number"),
         (["tune", "--shape", "A", "--ms", "8", "--samples", "0"], "--rounds and --samples"),
         (["run", "--shape", "T2", "--arms", "triton", "--tuned", str(tmp_path)], "--tuned applies to none"),

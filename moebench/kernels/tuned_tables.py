@@ -45,8 +45,9 @@ def table_name(E: int, N: int, device_name: str, down: bool = False) -> str:
 
 
 def version_folder(triton_version: str) -> str:
-    """`3.6.0+git12` -> `triton_3_6_0`, the engines' folder of one Triton release."""
-    return "triton_" + base_version(triton_version).replace(".", "_")
+    """`3.6.0` -> `triton_3_6_0`: SGLang's folder for the running Triton, from its full version
+    string as SGLang forms it (a local build's `3.6.0+git12` gets `triton_3_6_0+git12`)."""
+    return "triton_" + triton_version.replace(".", "_")
 
 
 def tables_folder(out_dir: str | Path, triton_version: str) -> Path:
