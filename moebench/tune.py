@@ -121,6 +121,17 @@ class TuneOutcome:
     stopped: str | None  # "budget" when the budget ran out
 
 
+def _interrupted(err: BaseException) -> bool:
+    """A Ctrl-C that a library wrapped in an error of its own (Triton's compiler and interpreter do)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def _median(values: list[int]) -> float:
     return float(statistics.median(values))
 
@@ -169,7 +180,14 @@ class MTune:
                 call, gemm1, gemm2 = self.call(up, down)
                 par = check_parity(call, self.refs, self.fx.spec.name)
             except Exception as err:  # noqa: BLE001 (a config Triton cannot compile or launch here)
-                self.state.put(self.M, key, None, f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}")
+                if _interrupted(err):
+                    raise KeyboardInterrupt from None
+                why = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+                self.state.put(self.M, key, None, why)
+                if "CUDA error" in str(err):  # the context is lost: refused, saved, and the tune stops here
+                    self.state.save()
+                    raise UserError(f"{self.fx.spec.name}: {key}: {why}; it is refused in the state file, and the "
+                                    f"same command continues in a fresh process") from None
                 continue
             if not par.passed:
                 self.state.put(self.M, key, None, f"parity: {par.reason()}")

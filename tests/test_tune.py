@@ -264,3 +264,28 @@ def test_tune_and_tuned_inputs_are_one_line(tmp_path):
     if not torch.cuda.is_available():
         code, _, err = run_cli(["tune", "--shape", "A", "--ms", "8"])
         assert code == 2 and "no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_candidate_that_cannot_run_is_refused_with_why(tmp_path, interpreted):
+    from moebench.fixtures import ShapeRegistry, build_fixture
+    from moebench.kernels.triton_arms import device_of
+    from moebench.tune import Budget, MeasureTimer, MTune, TuneRequest, _interrupted
+    fx = build_fixture(ShapeRegistry().resolve("T1"))
+    wrap = CountingWrap(FakeGpu())
+    state = TuneState(tmp_path / "s.json", {})
+    req = TuneRequest("T", (1,), str(tmp_path), rounds=1, samples=2, warmup=0)
+    mt = MTune(fx, device_of(fx.device), ts.Limits(2), state, MeasureTimer(fake_backend(wrap.gpu), wrap), req,
+               Budget(None), lambda m: None)
+    good, bad = C(16, 64, 128, 1, 4, 2), C(16, 64, 256, 1, 4, 2)  # BLOCK_SIZE_K 256 over a K of 128
+    got = mt.values([("down", bad, good), ("down", good, good)])
+    assert got[mt.key("down", good, good)] == fake_ns("BM16.BN64") // 1
+    assert got[mt.key("down", bad, good)] is None and "BLOCK_SIZE_K=256 must divide" in \
+        state.get(1, mt.key("down", bad, good))["why"]
+    assert wrap.labels == [mt.key("down", good, good)]  # a refused candidate is never timed
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as err:
+        assert _interrupted(err) and not _interrupted(RuntimeError("plain"))
