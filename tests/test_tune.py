@@ -127,6 +127,10 @@ def test_the_lookup_picks_the_nearest_bucket_and_forces_the_down_block_m(tmp_pat
     assert t.select(2080)[0]["up_key"] == 64  # equally near 64 and 4096: the first in file order
     with pytest.raises(UserError, match="no table 'E=8,N=128,device_name=cpu"):
         load_tuned(tmp_path, 8, 128, "cpu", "3.9.0")
+    other = write_table(tmp_path / table_name(512, 128, "cpu"), {1: C(16)})
+    with pytest.raises(UserError, match="another geometry's or GPU's table"):
+        load_tuned(other, 8, 128, "cpu", "3.9.0")
+    assert load_tuned(write_table(tmp_path / table_name(8, 128, "cpu"), {1: C(16)}), 8, 128, "cpu", "3.9.0").down is None
 
 
 def test_the_written_tables_load_through_sglangs_own_loader(tmp_path, monkeypatch):

@@ -110,6 +110,9 @@ def load_tuned(tuned: str | Path, E: int, N: int, device_name: str, triton_versi
     paths = candidate_paths(tuned, E, N, device_name, triton_version)
     if not Path(tuned).exists():
         raise UserError(f"--tuned {str(tuned)!r}: no such file or folder")
+    want = table_name(E, N, device_name)
+    if Path(tuned).is_file() and Path(tuned).name.startswith("E=") and Path(tuned).name != want:
+        raise UserError(f"--tuned {str(tuned)!r} is another geometry's or GPU's table: this shape here needs {want!r}")
     up_path = next((p for p in paths if p.is_file()), None)
     if up_path is None:
         raise UserError(f"--tuned {str(tuned)!r}: no table {paths[0].name!r} for E={E}, I={N} on this GPU under "
