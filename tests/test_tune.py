@@ -293,3 +293,10 @@ def test_a_candidate_that_cannot_run_is_refused_with_why(tmp_path, interpreted):
             raise RuntimeError("wrapped") from inner
     except RuntimeError as err:
         assert _interrupted(err) and not _interrupted(RuntimeError("plain"))
+
+
+def test_tuned_adds_its_arm_to_a_run_that_names_none():
+    from moebench.kernels.registry import default_arms
+    cpu = torch.device("cpu")
+    seen = lambda options: {n for n in default_arms(cpu, options)[0]} | {n for n, _ in default_arms(cpu, options)[1]}  # noqa: E731
+    assert "triton-tuned" in seen({"tuned": "DIR"}) and "triton-tuned" not in seen({})
