@@ -30,3 +30,7 @@ PROBE_OPS = {
     "gate-up-l2": ("moebench_prefill_gate_up", 0, 0),  # FLOPs: the blocks' GEMM (2 x 64 x 2I x K each)
 }
 COMPARE_FORMAT_NAMES = ("table", "markdown", "json")  # moebench.views.compare_view.COMPARE_FORMATS
+# `moebench tune`: the engines' tuners' batch sizes (SGLang's get_default_batch_sizes, vLLM's the same
+# up to 4096): the M keys of every table they ship, and the tune's Ms unless --ms names others.
+ENGINE_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+TUNE_PASSES = 2  # rounds of moves from the shipped config (moebench.tasks.tune_space)

@@ -34,9 +34,10 @@ def _register_commands() -> None:
     from moebench.cli.report_cmd import report
     from moebench.cli.run_cmd import run_command
     from moebench.cli.sweep_cmd import sweep
+    from moebench.cli.tune_cmd import tune_command
     from moebench.cli.verify_cmd import verify_command
     for command in (arms, build, compare, doctor, fixtures, probe, profile, report, run_command, sweep,
-                    verify_command):
+                    tune_command, verify_command):
         cli.add_command(command)
 
 

@@ -55,6 +55,9 @@ triton_config_option = click.option(
     "--triton-config", default=None, metavar="auto|default|FILE",
     help="Triton arms' configs: auto (the engines' tuned tables for this GPU, the default), default "
          "(the engines' untuned default), or a JSON of per-M configs in the engines' format.")
+tuned_option = click.option(
+    "--tuned", default=None, metavar="DIR|FILE", type=click.Path(),
+    help="Arm triton-tuned's tables: the folder `moebench tune --out DIR` wrote (or one of its table files).")
 pdl_option = click.option(
     "--pdl/--no-pdl", default=None,
     help="Programmatic dependent launch for the stock and engine arms' GEMMs (default: as the engines, on SM90+).")

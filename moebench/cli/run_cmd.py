@@ -24,6 +24,7 @@ from moebench.cli.common import (
     shape_option,
     shapes_file_option,
     triton_config_option,
+    tuned_option,
     wide_option,
 )
 from moebench.errors import UserError
@@ -103,6 +104,7 @@ def _progress(console: Console, total: int):
 @click.option("--noise-from", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Copy the noise floors a `--aa` run measured into this result (arms and shapes in common).")
 @triton_config_option
+@tuned_option
 @pdl_option
 @max_fixture_gb_option
 @click.option("--keep-going", is_flag=True,
@@ -126,8 +128,8 @@ def _progress(console: Console, total: int):
 def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                 external_arms, ref, rounds, samples, warmup, flush, timer, graph, placements, placement_mode, order, order_seed, aa_arm,
                 noise_from,
-                triton_config, pdl, max_fixture_gb, keep_going, determinism, determinism_runs, cross_process, out_dir,
-                resume_path, wide):
+                triton_config, tuned, pdl, max_fixture_gb, keep_going, determinism, determinism_runs, cross_process,
+                out_dir, resume_path, wide):
     """Time arms on shapes in paired rounds; audit every sample; save and print the result."""
     from moebench.run.runner import RunFailed, RunInterrupted, resume, run  # torch: not for --help
     console = make_console(wide=wide)
@@ -135,7 +137,7 @@ def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm,
                       external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
                       out_dir, graph=graph, placements=placements, placement_mode=placement_mode, order=order,
                       order_seed=order_seed, aa_arm=aa_arm, noise_from=noise_from,
-                      keep_going=keep_going,
+                      keep_going=keep_going, tuned=tuned,
                       determinism=determinism, determinism_runs=determinism_runs, cross_process=cross_process)
     log, progress = lambda m: console.print(Text(m, style="dim")), lambda total: _progress(console, total)
     try:
@@ -156,7 +158,7 @@ def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm,
 def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, build_host, defines, variants,
                 external_arms, ref, rounds, samples, warmup, flush, timer, triton_config, pdl, max_fixture_gb,
                 out_dir, graph: bool = False, determinism: bool = False, determinism_runs: int | None = None,
-                cross_process: bool | None = None, **more) -> RunRequest:
+                cross_process: bool | None = None, tuned: str | None = None, **more) -> RunRequest:
     """The RunRequest of `moebench run`'s options (also `sweep`'s); `more`: further RunRequest
     fields (the A/A arm, a noise file, the placements)."""
     from moebench.kernels.registry import parse_arm_list
@@ -166,7 +168,8 @@ def run_request(shapes, shapes_file, balancedness, arms, builds, build_arm, buil
                       arms=tuple(parse_arm_list(list(arms))) if arms else (), ref=ref, rounds=rounds, samples=samples,
                       warmup=warmup, flush=flush, timer=timer, out_dir=out_dir, balancedness=balancedness,
                       shapes_file=shapes_file, command=("moebench", *sys.argv[1:]),
-                      arm_options={"triton_config": triton_config, "pdl": pdl}, builds=tuple(builds),
+                      arm_options={"triton_config": triton_config, "pdl": pdl, "tuned": tuned},
+                      builds=tuple(builds),
                       build_arm=build_arm, build_host=build_host, defines=tuple(defines), variants=tuple(variants),
                       external_arms=tuple(external_arms), max_fixture_gb=max_fixture_gb,
                       sampler="graph" if graph else "eager", **more)

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
-                                 shapes_file_option, triton_config_option)
+                                 shapes_file_option, triton_config_option, tuned_option)
 from moebench.cli.determinism_cmd import check_determinism_flags, determinism_options, print_determinism
 from moebench.choices import REL_L2_THRESHOLD
 from moebench.views.tables import make_console
@@ -22,6 +22,7 @@ from moebench.views.tables import make_console
 @click.option("--arms", "arms", multiple=True, metavar="A[,A...]", help="Arms to check (repeat or comma-separate).")
 @click.option("--interpret", is_flag=True, help="Run Triton kernels on the CPU (TRITON_INTERPRET=1); slow, small shapes.")
 @triton_config_option
+@tuned_option
 @pdl_option
 @click.option("--seed", type=int, default=None, help="Seed of the fresh inputs (default: the shape's seed + 1).")
 @click.option("--edge-cases", is_flag=True, help="Also check M=1, one expert set, empty experts, M=67.")
@@ -30,7 +31,7 @@ from moebench.views.tables import make_console
                    f"(e.g. {REL_L2_THRESHOLD:g}).")
 @max_fixture_gb_option
 @determinism_options
-def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_config, pdl, seed, edge_cases, threshold,
+def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_config, tuned, pdl, seed, edge_cases, threshold,
                    max_fixture_gb, determinism, runs, out, cross_process, external_arms):
     """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure.
     With no --arms, every built-in arm that can run here. With --determinism, check instead that
@@ -39,7 +40,7 @@ def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_co
     from moebench.kernels.registry import parse_arm_list  # torch: not for --help
     from moebench.tasks.verify import VerifyRequest, verify, verify_determinism
     req = VerifyRequest(shapes=tuple(shapes), arms=tuple(parse_arm_list(list(arms))) if arms else None,
-                        options={"triton_config": triton_config, "pdl": pdl}, interpret=interpret, seed=seed,
+                        options={"triton_config": triton_config, "pdl": pdl, "tuned": tuned}, interpret=interpret, seed=seed,
                         edge_cases=edge_cases, threshold=threshold, balancedness=balancedness,
                         shapes_file=shapes_file, max_fixture_gb=max_fixture_gb, external_arms=tuple(external_arms))
     console = make_console()

@@ -28,6 +28,9 @@ BUILTIN_MODULES = (cuda_arms, triton_arms, fused_arm, sglang_arm, cublas_arm)
 # The order a run with no --arms times the built-in arms in (the ref first).
 DEFAULT_ORDER = ("triton", "sglang", "triton-default", "triton-swapab", "cuda-gemm", "cuda-swapab", "cuda-fused")
 
+# Arms a run with no --arms times only when their option is given (`--tuned DIR`: triton-tuned).
+OPTION_ARMS = {"tuned": "triton-tuned"}
+
 ARMS: dict[str, ArmFactory] = {}  # every arm known in this process, by name
 
 
@@ -111,7 +114,7 @@ def default_arms(device: torch.device, options: dict | None = None) -> tuple[lis
     arms = load_builtin_arms()
     given = {k: v for k, v in (options or {}).items() if v is not None}
     chosen, skipped = [], []
-    for name in DEFAULT_ORDER:
+    for name in (*DEFAULT_ORDER, *(arm for option, arm in OPTION_ARMS.items() if option in given)):
         params = inspect.signature(arms[name]).parameters
         arm = arms[name](**{k: v for k, v in given.items() if k in params})
         why = arm.unavailable_reason(device) or arm.default_skip_reason(device)

@@ -253,7 +253,7 @@ def sweep_shapes(family: str, ms_text: str) -> tuple[str, ...]:
         raise UserError(f"--family: expected one family letter like A or Q, or MODEL/LAYOUT like deepseek-v3/ep8, "
                         f"got {family!r}")
     items = [m.strip() for m in ms_text.split(",") if m.strip()]
-    if not items or not all(m.isdigit() and int(m) > 0 for m in items):
+    if not items or not all(m.isdigit() and len(m) <= 7 and int(m) > 0 for m in items):  # int() of 5,000 digits raises
         raise UserError(f"--m: expected positive token counts like 1,2,4,8, got {ms_text!r}")
     ms = [int(m) for m in items]
     dupes = sorted({m for m in ms if ms.count(m) > 1})

@@ -1,4 +1,4 @@
-"""Arms `triton`, `triton-default` and `triton-swapab`: the stock five-kernel FP8 block-scale path.
+"""Arms `triton`, `triton-default`, `triton-swapab`, `triton-tuned`: the stock five-kernel FP8 block-scale path.
 
 `triton` is the path as the serving engines launch it on the GPU at hand (engine_config.py
 states their rules): the tuned config tables the engine ships for this device and Triton
@@ -14,6 +14,9 @@ group-M 32, 4 warps, 3 stages): what an engine runs on a GPU it has no table for
 SM90 condition), so the interpreter and non-SM90 GPUs run the swapped kernels; where no table
 exists it falls back to the small-batch config BM 16 rather than BM 64. On an SM90 GPU with
 tables it launches what `triton` launches.
+
+`triton-tuned` is the path with the tables `moebench tune` wrote for this GPU and Triton
+(`--tuned DIR`, moebench.kernels.stock.tuned_tables), looked up as the engines look theirs up.
 
 This module imports without Triton: availability is reported by `unavailable_reason`.
 """
@@ -34,7 +37,7 @@ from moebench.fixtures import Fixture, RoutePlan, engine_plan_capacity, route_pl
 from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
 from moebench.kernels.stock.engine_config import (DEFAULT_CONFIG, SWAP_AB_RULE, ConfigTable, Device, StockPlan,
                                             TritonMoeConfig, load_config_file, resolve, sorted_rows,
-                                            swap_ab_rule)
+                                            stock_plan, swap_ab_rule)
 
 KERNEL_MODULE = "moebench.kernels.stock.moe"
 # Every module of @triton.jit functions, in import order (each imports the ones before it).
@@ -173,53 +176,64 @@ class TritonMoeArm(Arm):
         reason = self.unavailable_reason(fx.device)
         if reason:
             raise UserError(f"arm {self.name!r} cannot run here: {reason}")
-        tm = kernels_module()
-        plan = self.plan(fx)
-        up, down = plan.up, plan.down
-        ws = stock_workspace(fx, plan.block_m, plan.sorted_down)
-        w1, w2 = fx.w1.contiguous(), fx.w2.contiguous()
-        up_cfg, down_cfg = up.config.as_dict(), down.config.as_dict()
-        # Tensor descriptors, made once (the engines cache the weights'): boxes [1, BN, BK], [BM, BK].
-        w1_desc = tm.tensor_descriptor(w1, [1, up_cfg["BLOCK_SIZE_N"], up_cfg["BLOCK_SIZE_K"]]) if up.tma else None
-        w2_desc = tm.tensor_descriptor(w2, [1, down_cfg["BLOCK_SIZE_N"], down_cfg["BLOCK_SIZE_K"]]) if down.tma else None
-        a2_desc = tm.tensor_descriptor(ws.act_q, [plan.block_m, down_cfg["BLOCK_SIZE_K"]]) if down.tma else None
-        x, x_scale = fx.x_fp8.contiguous(), fx.x_scale.contiguous()
-        w1_scale, w2_scale = fx.w1_scale.contiguous(), fx.w2_scale.contiguous()
-        route_weights, top_k, plan_args = ws.route_weights, fx.spec.top_k, ws.plan_args
-        h, act_q, act_scale, y_slots, in_plan_order = ws.h, ws.act_q, ws.act_scale, ws.y_slots, ws.sorted
-
-        def gemm1() -> None:
-            tm.launch_moe_gemm(tm.moebench_moe_gemm1, x, x_scale, w1, w1_scale, h, route_weights, *plan_args,
-                               a_row_div=top_k, mul_route_weight=False, swap_ab=up.swap_ab, config=up_cfg,
-                               c_sorted=in_plan_order, w_desc=w1_desc, pdl=up.pdl, pdl_early=up.pdl_early)
-
-        def gemm2() -> None:
-            tm.launch_moe_gemm(tm.moebench_moe_gemm2, act_q, act_scale, w2, w2_scale, y_slots,
-                               route_weights, *plan_args, a_row_div=1, mul_route_weight=True, swap_ab=down.swap_ab,
-                               config=down_cfg, a_sorted=in_plan_order, a_desc=a2_desc, w_desc=w2_desc,
-                               pdl=down.pdl, pdl_early=down.pdl_early)
-
-        run = ws.path(gemm1, gemm2)
+        call, _, _ = stock_call(fx, self.plan(fx), self.name,
+                                swap_rule_note=" (the SM90 condition dropped)" if self.swap_on_any_device else "")
         if fx.device.type == "cuda":  # compile all five now, untimed
-            if up.tma or down.tma:
-                tm.set_tma_allocator()
-            run()
+            call.run()
             torch.cuda.synchronize(fx.device)
+        return call
 
-        import triton
-        identity = {
-            **plan.identity,
-            "config": up_cfg, "down_config": down_cfg,
-            "swap_ab": up.swap_ab, "down_swap_ab": down.swap_ab,
-            "swap_ab_rule": SWAP_AB_RULE + (" (the SM90 condition dropped)" if self.swap_on_any_device else ""),
-            "tma": up.tma, "down_tma": down.tma, "pdl": up.pdl, "pdl_early": up.pdl_early,
-            "down_pdl_early": down.pdl_early, **ws.identity,
-            "triton": triton.__version__,
-            "interpreted": bool(tm.INTERPRETED),
-            "kernel_source_sha256": _kernel_source_sha256(),
-        }
-        return PreparedCall(arm=self.name, run=run, output=ws.out, kernels=TRITON_KERNELS, identity=identity,
-                            oracle="bf16-intermediates", workspace=ws)
+
+def stock_call(fx: Fixture, plan: StockPlan, arm: str, ws: StockWorkspace | None = None,
+               swap_rule_note: str = "") -> tuple[PreparedCall, object, object]:
+    """The stock path launched as `plan` says, on `ws` (made here when None; it must be a
+    workspace of the plan's block_m and layout): the prepared call, and its two GEMMs alone
+    (`moebench tune` times them one by one). Nothing is launched here."""
+    tm = kernels_module()
+    up, down = plan.up, plan.down
+    if ws is None:
+        ws = stock_workspace(fx, plan.block_m, plan.sorted_down)
+    elif ws.block_m != plan.block_m or ws.sorted != plan.sorted_down:
+        raise ValueError("the workspace is not one of this plan's block_m and layout")
+    w1, w2 = fx.w1.contiguous(), fx.w2.contiguous()
+    up_cfg, down_cfg = up.config.as_dict(), down.config.as_dict()
+    # Tensor descriptors, made once (the engines cache the weights'): boxes [1, BN, BK], [BM, BK].
+    w1_desc = tm.tensor_descriptor(w1, [1, up_cfg["BLOCK_SIZE_N"], up_cfg["BLOCK_SIZE_K"]]) if up.tma else None
+    w2_desc = tm.tensor_descriptor(w2, [1, down_cfg["BLOCK_SIZE_N"], down_cfg["BLOCK_SIZE_K"]]) if down.tma else None
+    a2_desc = tm.tensor_descriptor(ws.act_q, [plan.block_m, down_cfg["BLOCK_SIZE_K"]]) if down.tma else None
+    if (up.tma or down.tma) and fx.device.type == "cuda":
+        tm.set_tma_allocator()
+    x, x_scale = fx.x_fp8.contiguous(), fx.x_scale.contiguous()
+    w1_scale, w2_scale = fx.w1_scale.contiguous(), fx.w2_scale.contiguous()
+    route_weights, top_k, plan_args = ws.route_weights, fx.spec.top_k, ws.plan_args
+    h, act_q, act_scale, y_slots, in_plan_order = ws.h, ws.act_q, ws.act_scale, ws.y_slots, ws.sorted
+
+    def gemm1() -> None:
+        tm.launch_moe_gemm(tm.moebench_moe_gemm1, x, x_scale, w1, w1_scale, h, route_weights, *plan_args,
+                           a_row_div=top_k, mul_route_weight=False, swap_ab=up.swap_ab, config=up_cfg,
+                           c_sorted=in_plan_order, w_desc=w1_desc, pdl=up.pdl, pdl_early=up.pdl_early)
+
+    def gemm2() -> None:
+        tm.launch_moe_gemm(tm.moebench_moe_gemm2, act_q, act_scale, w2, w2_scale, y_slots,
+                           route_weights, *plan_args, a_row_div=1, mul_route_weight=True, swap_ab=down.swap_ab,
+                           config=down_cfg, a_sorted=in_plan_order, a_desc=a2_desc, w_desc=w2_desc,
+                           pdl=down.pdl, pdl_early=down.pdl_early)
+
+    import triton
+    identity = {
+        **plan.identity,
+        "config": up_cfg, "down_config": down_cfg,
+        "swap_ab": up.swap_ab, "down_swap_ab": down.swap_ab,
+        "swap_ab_rule": SWAP_AB_RULE + swap_rule_note,
+        "tma": up.tma, "down_tma": down.tma, "pdl": up.pdl, "pdl_early": up.pdl_early,
+        "down_pdl_early": down.pdl_early, **ws.identity,
+        "triton": triton.__version__,
+        "interpreted": bool(tm.INTERPRETED),
+        "kernel_source_sha256": _kernel_source_sha256(),
+    }
+    call = PreparedCall(arm=arm, run=ws.path(gemm1, gemm2), output=ws.out, kernels=TRITON_KERNELS,
+                        identity=identity, oracle="bf16-intermediates", workspace=ws)
+    return call, gemm1, gemm2
 
 
 @dataclass
@@ -238,6 +252,10 @@ class StockWorkspace:
     y: torch.Tensor  # [M, top_k, K] bf16: GEMM2's output, y_slots its [S, K] view
     y_slots: torch.Tensor
     out: torch.Tensor  # [M, K] bf16
+
+    @property
+    def block_m(self) -> int:
+        return int(self.plan.block_m)
 
     @property
     def plan_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -303,3 +321,29 @@ class SwapABTritonArm(TritonMoeArm):
         if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
             return "launches what `triton` launches on SM90"
         return None
+
+
+@register_arm("triton-tuned")
+class TunedTritonArm(TritonMoeArm):
+    """The stock path with the tables `moebench tune` wrote (`--tuned DIR|FILE`): the engines'
+    lookup (nearest M key, the down entry's BLOCK_SIZE_M forced to the up entry's) over the tuned
+    up and down tables for this GPU and Triton version; the identity names the files and keys."""
+
+    description = "stock Triton path with the tables `moebench tune` wrote for this GPU (--tuned DIR)"
+
+    def __init__(self, tuned: str | Path | None = None, pdl: bool = True):
+        super().__init__(None, pdl)
+        self.tuned = None if tuned is None else str(tuned)
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        if self.tuned is None:
+            return "needs --tuned DIR (a folder `moebench tune` wrote, or one of its table files)"
+        return super().unavailable_reason(device)
+
+    def plan(self, fx: Fixture) -> StockPlan:
+        from moebench.kernels.stock.tuned_tables import load_tuned
+        spec, device = fx.spec, device_of(fx.device)
+        tables = load_tuned(self.tuned, spec.E, spec.N // 2, device.name, device.triton_version)
+        identity, up, down = tables.select(fx.M)
+        identity = {"triton_version": device.triton_version, "device_name": device.name, **identity}
+        return stock_plan(device, up, down, M=fx.M, E=spec.E, top_k=spec.top_k, identity=identity, pdl=self.pdl)

@@ -274,8 +274,6 @@ def resolve(device: Device, *, E: int, N: int, M: int, K: int, top_k: int,
     (the engines' untuned config) for both, as on a GPU without tables. `swap_on_any_device`
     drops the SM90 condition of the swap rule (the interpreter, non-SM90 GPUs). `pdl=False`
     turns PDL off."""
-    sm90 = device.sm90 or swap_on_any_device
-    use_pdl = pdl and device.pdl
     identity: dict = {"triton_version": device.triton_version, "device_name": device.name}
     if force_default:
         up = down = default
@@ -311,6 +309,19 @@ def resolve(device: Device, *, E: int, N: int, M: int, K: int, top_k: int,
             if down.BLOCK_SIZE_M != up.BLOCK_SIZE_M:
                 identity["down_block_m_forced"] = f"{down.BLOCK_SIZE_M} -> {up.BLOCK_SIZE_M}"
                 down = replace(down, BLOCK_SIZE_M=up.BLOCK_SIZE_M)
+    return stock_plan(device, up, down, M=M, E=E, top_k=top_k, identity=identity,
+                      swap_on_any_device=swap_on_any_device, pdl=pdl)
+
+
+def stock_plan(device: Device, up: TritonMoeConfig, down: TritonMoeConfig, *, M: int, E: int, top_k: int,
+               identity: dict, swap_on_any_device: bool = False, pdl: bool = True) -> StockPlan:
+    """How the engine launches an up and a down config it has chosen at M tokens: TMA where
+    the entry asks and Triton has it, swap-AB by the rule, PDL on SM90. The down entry's
+    BLOCK_SIZE_M must already be the up entry's (one route plan)."""
+    if down.BLOCK_SIZE_M != up.BLOCK_SIZE_M:
+        raise ValueError(f"down BLOCK_SIZE_M {down.BLOCK_SIZE_M} != up {up.BLOCK_SIZE_M}: one route plan serves both")
+    sm90 = device.sm90 or swap_on_any_device
+    use_pdl = pdl and device.pdl
     up_tma = up.USE_TMA and device.tensor_descriptors
     down_tma = down.USE_TMA and device.tensor_descriptors
     down_rows = sorted_rows(M * top_k, E, up.BLOCK_SIZE_M, down_tma)
