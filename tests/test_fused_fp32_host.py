@@ -99,5 +99,5 @@ def test_fp32_sums_launch_block_m_16_at_two_ctas_an_sm():
     assert fused_arm.build_occupancies(16, 4, fp32=True) == (2,) and fused_arm.build_occupancies(16, 4) == (2, 3)
     assert fused_arm.build_occupancies(8, 4, fp32=True) == (2, 3) == fused_arm.build_occupancies(8, 8, fp32=True)
     assert fused_arm.build_occupancies(32, 4, fp32=True) == (1,)
-    with pytest.raises(UserError, match="^per_sm=3 at block_m=16: at most 2 CTAs an SM$"):
+    with pytest.raises(UserError, match="^cuda-fused: per_sm=3 at block_m=16: at most 2 CTAs an SM$"):
         fused_arm.launch_options(16, 2048, 0, 4, per_sm=3, fp32=True)
