@@ -100,8 +100,8 @@
 // rounding, where at 0 it takes that many BF16 adds (144 at DeepSeek-V3's whole experts, I 2048):
 // four times cuda-swapab's distance from the exact result there (parity.md). The store comes
 // after a grid-wide count: each CTA, its items done, adds its share to a count that only grows
-// (work[DONE_COUNT], ZERO_SPAN a launch, as ZERO_OUT's), its consumers wait (acquire) for the
-// launch's multiple and then store stripe blockIdx.x of the output from `acc`. Like ZERO_OUT it
+// (work[DONE_COUNT], ZERO_SPAN a launch, as ZERO_OUT's), its producer warp waits (acquire) for the
+// launch's multiple and then stores stripe blockIdx.x of the output from `acc`. Like ZERO_OUT it
 // needs every CTA of the persistent grid resident at once. The host takes it where I > 128: with
 // one group an expert an element takes top_k BF16 adds, as cuda-swapab's, and the FP32 path would
 // add its doubled reduction bytes and the count's wait at the end for no gain.
