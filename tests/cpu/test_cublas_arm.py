@@ -2,7 +2,7 @@
 scaled_mm asks for, and the whole path with the cuBLAS GEMM replaced by its exact emulation
 (dequantize, one FP32 matmul), against the oracle on T shapes and the edge cases (M=1, one
 expert set, empty experts, M=67: not a multiple of the 16-row segments); a planted layout fault
-fails. The real GEMMs are tests/test_cublas_gpu.py's."""
+fails. The real GEMMs are tests/gpu/test_cublas_gpu.py's."""
 
 from __future__ import annotations
 

@@ -544,6 +544,14 @@ def _arm_define_sets() -> list[tuple[str, dict[str, str]]]:
                         z = fused_arm.kernel_defines(bm, stages, per_sm, cluster, zero_out=True)
                         if not det and fused_arm.zeroes_in_kernel(per_sm, cluster) and (fused_arm.SOURCE, z) not in out:
                             out.append((fused_arm.SOURCE, z))
+                        # FP32_SUM (the rule's where I > 128, sums=fp32's anywhere) at the occupancies it
+                        # takes, behind the zeroing kernel and, where the rule zeroes in the kernel, with ZERO_OUT
+                        zero_modes = (False, True) if fused_arm.zeroes_in_kernel(per_sm, cluster) else (False,)
+                        fp32 = not det and per_sm in fused_arm.build_occupancies(bm, cluster, fp32=True)
+                        for zero_out in zero_modes if fp32 else ():
+                            f = fused_arm.kernel_defines(bm, stages, per_sm, cluster, zero_out=zero_out, fp32_sum=True)
+                            if (fused_arm.SOURCE, f) not in out:
+                                out.append((fused_arm.SOURCE, f))
     for cluster in fused_arm.CLUSTERS:  # the sanitizer's
         out.append((fused_arm.SOURCE, fused_arm.kernel_defines(16, 2, fused_arm.ctas_per_sm(16, cluster), cluster)))
     for cfg in (CUDA_GEMM, CUDA_SWAPAB):

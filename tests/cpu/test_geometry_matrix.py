@@ -23,9 +23,9 @@ from moebench.kernels.api.arm import geometry_refusals
 from moebench.kernels.cuda.arms import BLOCK_R, CUDA_GEMM, CUDA_SWAPAB, gemm_grid, swiglu_grid
 from moebench.kernels.cuda.fused_arm import CudaFusedArm, CudaFusedDetArm
 from moebench.kernels.cuda.fused_layout import CLUSTERS, DEFAULT_CLUSTER
-from moebench.kernels.cuda.fused_policy import (TAIL_CLUSTER, WIDE_K, choose_stages, default_block_m,
+from moebench.kernels.cuda.fused_policy import (TAIL_CLUSTER, WIDE_K, build_occupancies, choose_stages, default_block_m,
                                            deterministic_occupancies, kernel_defines, launch_blocks, occupancies,
-                                           zeroes_in_kernel)
+                                           sums_in_fp32, zeroes_in_kernel)
 from moebench.kernels.stock.arms import StockTritonArm
 from moebench.kernels.verify import EDGE_CASE_M, _routes_on, empty_expert_set
 
@@ -107,10 +107,11 @@ def _floors(spec: ShapeSpec, ids: torch.Tensor):
 DEFINE_SETS: set[tuple[str, tuple]] = set()  # (source, sorted defines) the accepted geometries build
 
 
-def _decode_builds(K: int, block_m: int) -> None:
+def _decode_builds(K: int, I: int, block_m: int) -> None:  # noqa: E741
     """The decode kernel's builds a call at this block size may take: the default cluster and,
     at a wide K, clusters of 8 (tail_launch), at every occupancy pick_occupancy weighs, with the
-    ZERO_OUT build where the rule zeroes in the kernel; and the deterministic build's."""
+    ZERO_OUT build where the rule zeroes in the kernel, and FP32_SUM where the rule sums in FP32
+    (I > 128); and the deterministic build's."""
     for cluster in (DEFAULT_CLUSTER, TAIL_CLUSTER) if K >= WIDE_K else (DEFAULT_CLUSTER,):
         for det, allowed in ((False, occupancies), (True, deterministic_occupancies)):
             for per_sm in allowed(block_m, cluster):
@@ -120,9 +121,10 @@ def _decode_builds(K: int, block_m: int) -> None:
                     assert per_sm > min(allowed(block_m, cluster)), "the default occupancy always fits"
                     continue
                 zero = not det and zeroes_in_kernel(per_sm, cluster)
+                fp32 = not det and sums_in_fp32(I) and per_sm in build_occupancies(block_m, cluster, fp32=True)
                 for z in (False, True) if zero else (False,):
                     DEFINE_SETS.add(("sm90_fused_moe.cu", tuple(sorted(
-                        kernel_defines(block_m, stages, per_sm, cluster, det, z).items()))))
+                        kernel_defines(block_m, stages, per_sm, cluster, det, z, fp32).items()))))
 
 
 @pytest.mark.parametrize("M", MS)
@@ -165,8 +167,8 @@ def test_host_side_of_every_geometry(family, M):
         bm = default_block_m(slots, E)
         blocks = _check_plan(ids, E, bm)
         assert blocks * (I // 128) >= 1
-        _decode_builds(K, bm)
-        _decode_builds(K, 16)  # the deterministic arm's and the sanitizer's block size at any M
+        _decode_builds(K, I, bm)
+        _decode_builds(K, I, 16)  # the deterministic arm's and the sanitizer's block size at any M
 
 
 @pytest.mark.parametrize("family", sorted(REFUSED))
@@ -217,6 +219,9 @@ def test_the_matrix_takes_every_cluster_and_more_than_one_ring_depth():
     clusters = {dict(d)["CLUSTER"] for _, d in DEFINE_SETS}
     assert clusters == {str(c) for c in CLUSTERS if c > 1}
     assert len({dict(d)["STAGES"] for _, d in DEFINE_SETS}) > 1
+    # FP32 sums with and without the kernel's own zeroing, and BF16 reductions (the I = 128 geometries)
+    kinds = {(dict(d).get("FP32_SUM"), dict(d).get("ZERO_OUT")) for _, d in DEFINE_SETS if "DETERMINISTIC" not in dict(d)}
+    assert kinds == {(None, None), (None, "1"), ("1", None), ("1", "1")}
 
 
 cuda_core = pytest.importorskip("cuda.core")

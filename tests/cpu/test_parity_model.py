@@ -1,7 +1,8 @@
 """The parity check's error model (moebench.fixtures.error_model, moebench.kernels.api.parity.within_model)
 on a matrix of geometries: correct kernels computed the ways the arms compute (shuffled sums, FP8
 tensor-core accumulation cut to 14 bits, BF16 running sums of per-slot or per-(slot, 128 columns of
-I) partials, BF16 rows summed in FP32, the stock path's BF16 intermediates, requant codes moved
+I) partials, BF16 rows summed in FP32, FP32 sums of those partials rounded once, the stock path's
+BF16 intermediates, requant codes moved
 across their rounding midpoint) pass; kernels with a planted fault (tests/helpers/planted_kernels.py) fail.
 
 Geometries: DeepSeek-V3 (K 7168, 257 experts with the shared one, top_k 9, I 128 per rank of 16 and
@@ -34,7 +35,8 @@ IDS = [f"{g.name}-M{m}" for g, m in MATRIX]
 CORRECT = {
     "slot sums (cuda-swapab)": ("exact", dict()),
     "slot-group BF16 sums (cuda-fused)": ("bf16-partials", dict(partials="slot-group")),
-    "slot-group rows (cuda-fused-det)": ("bf16-partial-rows", dict(partials="slot-group", running=False)),
+    "slot-group rows (cuda-fused-det)": ("bf16-partial-rows", dict(partials="slot-group", summed="bf16-rows")),
+    "slot-group FP32 sums (cuda-fused, I > 128)": ("fp32-partials", dict(partials="slot-group", summed="fp32")),
     "BF16 intermediates (triton)": ("bf16-intermediates", dict(bf16_intermediates=True)),
 }
 
@@ -107,18 +109,41 @@ def test_the_model_value_is_the_oracle():
         assert torch.equal(terms.value.to(torch.bfloat16), moe_reference(*args, rounding=name))
 
 
-def test_more_bf16_adds_widen_the_allowance_and_fp32_sums_of_rows_narrow_it():
+def test_more_bf16_adds_widen_the_allowance_and_fp32_sums_narrow_it():
     inp = make_inputs(ODD, 1, seed=7)
-    terms = {m: error_terms(**inp, model=m) for m in ("exact", "bf16-partials", "bf16-partial-rows")}
+    names = ("exact", "bf16-partials", "bf16-partial-rows", "fp32-partials")
+    terms = {m: error_terms(**inp, model=m) for m in names}
     var = {m: float(t.variance.sum() - t.flip_variance.sum()) for m, t in terms.items()}
     # 9 running BF16 adds against 3; rows round each partial once, not each partial sum
     assert var["bf16-partials"] > 2 * var["exact"] and var["bf16-partials"] > 2 * var["bf16-partial-rows"]
+    # FP32 sums of the 9 partials round once: below the 3 BF16 adds of the slot sums and below the rows
+    assert var["fp32-partials"] < var["exact"] and var["fp32-partials"] < var["bf16-partial-rows"]
+    for m in names:  # the value and the flips do not depend on how the partials are summed
+        assert torch.equal(terms[m].value, terms["exact"].value) and torch.equal(terms[m].flip_variance,
+                                                                                 terms["exact"].flip_variance)
+
+
+def test_the_rounding_variance_of_each_way_of_summing():
+    # one element: sum S = 3 of top_k 9 slots (their squares 5) cut into 16 groups of I (squares 2)
+    from moebench.fixtures.error_model import U_BF16, U_GEMM, _rounding_variance
+    S, q_slot, q_group = (torch.tensor([[v]]) for v in (3.0, 5.0, 2.0))
+    n_slot = torch.tensor([9.0])
+    u2, gemm = U_BF16 ** 2 / 3, U_GEMM ** 2 * 2.0
+
+    def var(model):
+        return float(_rounding_variance(error_model(model), S, q_slot, q_group, n_slot, 16 * 128))
+    # FP32 sums: the last rounding alone (the FP32 running sum's own is 2^-32 of it)
+    assert var("fp32-partials") == pytest.approx(u2 * 9.0 + gemm, rel=1e-6)
+    # BF16 running sums over 9 slots, or over 9 x 16 (slot, group) partials; BF16 rows summed in FP32
+    assert var("exact") == pytest.approx(u2 * 10 * (2 * 9.0 + 5.0) / 6 + gemm, rel=1e-6)
+    assert var("bf16-partials") == pytest.approx(u2 * 145 * (2 * 9.0 + 2.0) / 6 + gemm, rel=1e-6)
+    assert var("bf16-partial-rows") == pytest.approx(u2 * (2.0 + 9.0) + gemm, rel=1e-6)
 
 
 def test_unknown_models_are_named():
     with pytest.raises(ValueError, match="unknown oracle 'fp16'.*exact"):
         error_model("fp16")
-    assert set(MODELS) >= {"exact", "bf16-intermediates", "bf16-partials", "bf16-partial-rows"}
+    assert set(MODELS) >= {"exact", "bf16-intermediates", "bf16-partials", "bf16-partial-rows", "fp32-partials"}
 
 
 # ---- through check_parity, as `run` and `verify` judge an arm

@@ -15,8 +15,9 @@ import torch
 
 from moebench.fixtures import build_fixture, derive, fixture_reference, route_plan
 from moebench.fixtures.shapes import Family, ShapeSpec
-from moebench.kernels.cuda.fused_arm import (DEFAULT_CLUSTER, MAX_BLOCK_M_ALONE, ZERO_SPAN, CudaFusedArm, fused_moe,
-                                        make_fused_launch, prepare_fused_weights, zeroes_in_kernel)
+from moebench.kernels.cuda.fused_arm import (DEFAULT_CLUSTER, DONE_COUNT, MAX_BLOCK_M_ALONE, ZERO_COUNT, ZERO_SPAN,
+                                        CudaFusedArm, fused_moe, make_fused_launch, prepare_fused_weights,
+                                        zeroes_in_kernel)
 from moebench.kernels.api.parity import References, check_parity, compare
 
 from gpu_fixtures import cuda_fixture, with_garbage_past_the_padded_total
@@ -247,8 +248,10 @@ def test_every_launch_does_all_the_work(shape, clusters, cluster, zero):
         launch()
         torch.cuda.synchronize()
         work = dims["work"]
-        assert not work[:-1].any(), f"launch {i}: counters left at {work[:-1].nonzero().flatten().tolist()}"
-        assert int(work[-1]) == (ZERO_SPAN * (i + 1) if zero == "kernel" else 0)
+        left = work[:ZERO_COUNT]
+        assert not left.any(), f"launch {i}: counters left at {left.nonzero().flatten().tolist()}"
+        assert int(work[ZERO_COUNT]) == (ZERO_SPAN * (i + 1) if zero == "kernel" else 0)
+        assert int(work[DONE_COUNT]) == 0  # (I = 128: BF16 reductions, no count of CTAs done)
         assert_parity(fx, out, f"{shape}-launch{i}-{clusters}cl-c{cluster}")
 
 

@@ -4,8 +4,9 @@ A correct kernel here is the oracle's function computed the way the arms compute
 128-wide k blocks with each block's partial cut to the ~14 bits an FP8 tensor core keeps, the
 blocks summed in a shuffled order, optionally h and the SwiGLU output stored in BF16 (the stock
 path), the intermediate requantized per 128 columns, and the output summed from per-slot or
-per-(slot, 128 columns of I) partials in a BF16 running sum in a shuffled order, or from BF16 rows
-summed in FP32. A wrong kernel is the same with one fault planted (FAULTS).
+per-(slot, 128 columns of I) partials in a BF16 running sum in a shuffled order, from BF16 rows
+summed in FP32, or in an FP32 running sum in a shuffled order rounded to BF16 once. A wrong kernel
+is the same with one fault planted (FAULTS).
 
 Inputs are built compact: only the experts the routes use hold weights (ids are renumbered), so
 a geometry with 257 experts of K 7168 costs what its routed experts cost.
@@ -79,10 +80,12 @@ def _bf16(t):
     return t.bfloat16().float()
 
 
-def simulate(inp: dict, *, bf16_intermediates: bool = False, partials: str = "slot", running: bool = True,
+def simulate(inp: dict, *, bf16_intermediates: bool = False, partials: str = "slot", summed: str = "bf16-running",
              bits: int = 14, seed: int = 0, flips: int = 0, fault: str | None = None,
              shared: bool = False) -> torch.Tensor:
     """The [M, K] BF16 output of a kernel computing the oracle's function as described above;
+    `summed`: how the partials reach the output (error_model.SUMS: a BF16 running sum, BF16 rows
+    summed in FP32 in order, an FP32 running sum);
     `flips`: per slot, that many requant codes nearest a rounding midpoint moved to the other side;
     `fault`: one of FAULTS, planted; `shared`: each row's last slot is the shared expert."""
     g = torch.Generator().manual_seed(seed)
@@ -127,10 +130,11 @@ def simulate(inp: dict, *, bf16_intermediates: bool = False, partials: str = "sl
             parts_of_token[tok] += list((yg[s] if partials == "slot-group" else y[s]).unbind(0))
     out = torch.zeros(M, K)
     for tok, parts in enumerate(parts_of_token):
-        order = torch.randperm(len(parts), generator=g).tolist() if running else range(len(parts))
-        acc = torch.zeros(K)
+        order = range(len(parts)) if summed == "bf16-rows" else torch.randperm(len(parts), generator=g).tolist()
+        acc = torch.zeros(K)  # FP32
         for i in order:
-            acc = _bf16(acc + parts[i]) if running else acc + _bf16(parts[i])
+            acc = (_bf16(acc + parts[i]) if summed == "bf16-running" else
+                   acc + _bf16(parts[i]) if summed == "bf16-rows" else acc + parts[i])
         out[tok] = acc
     return out.bfloat16()
 

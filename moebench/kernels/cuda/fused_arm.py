@@ -40,9 +40,10 @@ from moebench.kernels.cuda.fused_prefill import BLOCK_M as PREFILL_BLOCK_M
 from moebench.kernels.cuda.fused_prefill import (GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS,
                                             choose_path, prefill_overlaps, prepare_prefill_call)
 from moebench.kernels.cuda.fused_policy import (AQ_ROW, MAX_BLOCK_M, MAX_BLOCK_M_ALONE, MAX_STAGES,  # noqa: F401
-                                           SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, THREADS, ZERO_MODES, choose_stages,
+                                           SMEM_PER_CTA, SMEM_PER_SM, STG_ROW, SUMS, THREADS, ZERO_MODES,
+                                           can_sum_fp32, check_sums, choose_stages, summing_mode, sums_in_fp32,
                                            chunk_bytes, cluster_policy, ctas_per_sm, default_block_m,
-                                           deterministic_occupancies, kernel_defines, launch_blocks, meta_bytes, occupancies,
+                                           build_occupancies, deterministic_occupancies, kernel_defines, launch_blocks, meta_bytes, occupancies,
                                            pick_occupancy, shared_bytes, tail_launch, x_row, zeroes_in_kernel)
 from moebench.kernels.cuda.source import KernelSource
 
@@ -53,7 +54,10 @@ COMBINE_THREADS = 128  # the .cu's COMBINE_THREADS
 ZERO_NAME = "moebench_zero_out"  # zeroes the output ahead of the fused kernel, when the call writes it
 ZERO_CTAS = 264
 ZERO_SPAN = 1024  # the .cu's: what a ZERO_OUT launch adds to its count of zeroed stripes (at least the grid)
-WORK_INTS = 2 + 256 + 1  # the kernel's counters: tickets, busy CTAs per SM, then (ZERO_OUT) the zeroed stripes
+# the kernel's counters: tickets, busy CTAs per SM, then the counts that only grow (by ZERO_SPAN a
+# launch): (ZERO_OUT) zeroed stripes, (FP32_SUM) CTAs done; the .cu's ZERO_COUNT and DONE_COUNT
+ZERO_COUNT, DONE_COUNT = 2 + 256, 2 + 256 + 1
+WORK_INTS = DONE_COUNT + 1
 _ZERO_OUT_RE = re.compile(r"^\s*#\s*ifndef\s+ZERO_OUT\b", re.MULTILINE)
 
 
@@ -62,11 +66,12 @@ _ZERO_OUT_RE = re.compile(r"^\s*#\s*ifndef\s+ZERO_OUT\b", re.MULTILINE)
 
 @functools.lru_cache(maxsize=None)
 def build_fused(source: KernelSource, block_m: int, stages: int, per_sm: int | None, cluster: int,
-                deterministic: bool = False, zero_out: bool = False):
+                deterministic: bool = False, zero_out: bool = False, fp32_sum: bool = False):
     """The module `source` compiles to for one meta-parameter set (NVRTC, cached on disk)."""
     from moebench.kernels.cuda.nvrtc import compile_source
     per_sm = ctas_per_sm(block_m, cluster) if per_sm is None else per_sm
-    return compile_source(source, defines=kernel_defines(block_m, stages, per_sm, cluster, deterministic, zero_out))
+    return compile_source(source, defines=kernel_defines(block_m, stages, per_sm, cluster, deterministic, zero_out,
+                                                         fp32_sum))
 
 
 def can_zero_in_kernel(source: KernelSource) -> bool:
@@ -118,12 +123,12 @@ class LaunchOption:
 
 def launch_options(block_m: int, K: int, device_index: int, cluster: int, per_sm: int | None = None,
                    stages: int | None = None, source: KernelSource | None = None,
-                   deterministic: bool = False) -> list[LaunchOption]:
+                   deterministic: bool = False, fp32: bool = False) -> list[LaunchOption]:
     """The launches `pick_occupancy` weighs: the default occupancy and one more CTA an SM
-    with the deepest ring that still fits; only the given occupancy or ring depth where one
-    is set."""
+    with the deepest ring that still fits (that the build, `deterministic` or `fp32`, may take);
+    only the given occupancy or ring depth where one is set."""
     from moebench.kernels.cuda.launch import raise_shared_limit, set_cluster_policy
-    allowed = (deterministic_occupancies if deterministic else occupancies)(block_m, cluster)
+    allowed = build_occupancies(block_m, cluster, deterministic, fp32)
     if per_sm is None and stages is None:
         per_sm_options = [ctas_per_sm(block_m, cluster)]
         for ps in allowed[1:]:
@@ -191,7 +196,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
                       out: torch.Tensor | None = None, *, stages: int | None = None,
                       per_sm: int | None = None, max_clusters: int | None = None,
                       items: int | None = None, source: KernelSource | None = None,
-                      deterministic: bool = False, zero_out: bool = False, zero: str | None = None):
+                      deterministic: bool = False, zero_out: bool = False, zero: str | None = None,
+                      sums: str | None = None):
     """Validate once and allocate the output if needed (a zeroed one when None); returns
     (launch, out, module, dims): `launch()` runs the one kernel on torch's current stream, adding
     into `out`; with `zero_out` the launch writes `out` instead: the fused kernel zeroes it first
@@ -202,7 +208,11 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     (plan blocks x requant groups; the plan's worst case when None) by `pick_occupancy`; the
     cluster size is the one `weights` were laid out for. The kernel is compiled from `source`
     (the shipped file when None). `deterministic`: the DETERMINISTIC build,
-    its contributions into a workspace (dims["workspace"]) and the combine kernel after it."""
+    its contributions into a workspace (dims["workspace"]) and the combine kernel after it.
+    `sums` ("fp32", "bf16", None: `sums_in_fp32`'s rule) chooses, for a launch that writes its
+    output, the FP32_SUM build: partials reduce-added into FP32 sums (dims["workspace"], zeroed in
+    the call where the output otherwise is), the output stored once from them; dims["sums"] says
+    which ran."""
     import numpy as np
 
     from moebench.kernels.cuda.launch import bind_launch, set_cluster_policy
@@ -217,30 +227,36 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
     G = dims["I"] // GROUP
     max_blocks = launch_blocks(plan.num_slots, dims["E"], bm, dims["capacity"])
     items = max_blocks * G if items is None else items
-    options = launch_options(bm, K, x.device.index, cluster, per_sm, stages, source, deterministic)
+    src = source or shipped_source()
+    summing = summing_mode(sums, dims["I"], src.text, src.origin or src.filename, deterministic, zero_out)
+    fp32 = summing == "fp32"
+    options = launch_options(bm, K, x.device.index, cluster, per_sm, stages, source, deterministic, fp32)
     opt, policy, clusters = place_launch(options, items, max_blocks * G, cluster)
     per_sm, stages, smem, module, kernel = opt.per_sm, opt.stages, opt.smem, opt.module, opt.kernel
     clusters = max(1, clusters if max_clusters is None else min(clusters, max_clusters))
     grid = (cluster * clusters, 1, 1)
-    src = source or shipped_source()
     zeroing = None if not zero_out else zeroing_mode(zero, per_sm, cluster, src, deterministic)
-    if zeroing == "kernel":
-        # the same launch from the ZERO_OUT build (the same shared memory and launch bounds: the
-        # residency above holds); its stripes are counted in 32-bit 16-byte units
+    if zeroing == "kernel" or fp32:
+        # the same launch from the ZERO_OUT or FP32_SUM build (the same shared memory and launch
+        # bounds: the residency above holds); its stripes and counts are in 32-bit units, and a
+        # launch adds ZERO_SPAN to its counts
         from moebench.kernels.cuda.launch import raise_shared_limit
-        _need(grid[0] <= ZERO_SPAN, f"cuda-fused: zero=kernel needs a grid of at most {ZERO_SPAN} CTAs")
-        _need(dims["M"] * K // 8 < 2**31, "cuda-fused: zero=kernel needs an output below 32 GiB")
-        module = build_fused(src, bm, stages, per_sm, cluster, False, True)
+        what = "sums=fp32" if fp32 else "zero=kernel"
+        _need(grid[0] <= ZERO_SPAN, f"cuda-fused: {what} needs a grid of at most {ZERO_SPAN} CTAs")
+        _need(dims["M"] * K // (4 if fp32 else 8) < 2**31, f"cuda-fused: {what} needs an output below 32 GiB")
+        module = build_fused(src, bm, stages, per_sm, cluster, False, zeroing == "kernel", fp32)
         kernel = module.kernel(KERNEL_NAME, x.device.index)
         raise_shared_limit(kernel, smem, x.device.index)
     # Deterministic: every routed slot's rows of the workspace are written by each launch; rows of
     # slots in skipped blocks (an expert outside [0, E)) stay the zeros they start as.
     ws = torch.zeros(plan.num_slots * G, K, dtype=torch.bfloat16, device=x.device) if deterministic else None
+    # FP32_SUM: the output's FP32 sums, left as allocated: every call zeroes them before its first reduction
+    acc = torch.empty(dims["M"], K, dtype=torch.float32, device=x.device) if fp32 else None
     ptrs = [t.data_ptr() for t in (x, x_scale, weights.w1, weights.w1_scale, weights.w2, weights.w2_scale,
                                    plan.sorted_token_ids, plan.expert_ids, plan.num_tokens_post_padded,
                                    topk_weights, out if ws is None else ws, work)]
     ints = (plan.num_slots, dims["top_k"], K, dims["E"], max_blocks, G)
-    args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints]
+    args = [np.uint64(p) for p in ptrs] + [np.int32(v) for v in ints] + ([np.uint64(acc.data_ptr())] if fp32 else [])
     # The cluster shape (cluster, 1, 1) is compiled into the kernel (__cluster_dims__): a plain launch.
     behind_zero = zeroing == "launch" and ws is None  # the zeroing kernel's programmatic dependent
     run = bind_launch(kernel, grid, (THREADS, 1, 1), smem, *args, pdl=behind_zero)
@@ -252,12 +268,12 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
             fused_run()
             combine()
     elif behind_zero:
-        fused_run, zero_run = run, bind_zero(module, x.device.index, out)
+        fused_run, zero_run = run, bind_zero(module, x.device.index, out if acc is None else acc)
 
         def run() -> None:
             zero_run()
             fused_run()
-    keep = (x, x_scale, weights, plan, topk_weights, out, work, ws)  # the pointers stay valid while launch lives
+    keep = (x, x_scale, weights, plan, topk_weights, out, work, ws, acc)  # the pointers stay valid while launch lives
     device = x.device.index
 
     def launch() -> None:
@@ -268,7 +284,8 @@ def make_fused_launch(x, x_scale, weights: FusedWeights, plan: RoutePlan, topk_w
 
     return launch, out, module, dict(dims, stages=stages, shared_bytes=smem, grid=grid, per_sm=per_sm,
                                       cluster_policy=policy, zeroing=None if ws is not None else zeroing,
-                                      max_blocks=max_blocks, cluster=cluster, work=work, workspace=ws)
+                                      max_blocks=max_blocks, cluster=cluster, work=work,
+                                      workspace=ws if ws is not None else acc, sums=summing)
 
 
 def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor, M: int, top_k: int, G: int, K: int,
@@ -286,8 +303,9 @@ def bind_combine(module, device_index: int, ws: torch.Tensor, out: torch.Tensor,
 
 
 def bind_zero(module, device_index: int, out: torch.Tensor):
-    """The launch that zeroes `out` ahead of the fused kernel (ZERO_NAME: 16 bytes a thread, at
-    most ZERO_CTAS CTAs of 256); the fused kernel is launched as its programmatic dependent."""
+    """The launch that zeroes `out` (the output, or the FP32_SUM build's FP32 sums) ahead of the
+    fused kernel (ZERO_NAME: 16 bytes a thread, at most ZERO_CTAS CTAs of 256); the fused kernel
+    is launched as its programmatic dependent."""
     import numpy as np
 
     from moebench.kernels.cuda.nvrtc import need_kernels
@@ -334,7 +352,8 @@ class CudaFusedArm(Arm):
     def __init__(self, block_m: int | None = None, stages: int | None = None, per_sm: int | None = None,
                  cluster: int | None = None, max_clusters: int | None = None, path: str | None = None,
                  source: KernelSource | None = None, chunk: int | None = None, splits: int | None = None,
-                 overlap: int | None = None, prefill_source: KernelSource | None = None, zero: str | None = None):
+                 overlap: int | None = None, prefill_source: KernelSource | None = None, zero: str | None = None,
+                 sums: str | None = None):
         if path is not None and path not in PATHS:
             raise UserError(f"cuda-fused: path={path!r} must be one of {', '.join(PATHS)}")
         if cluster is not None and cluster not in CLUSTERS:
@@ -347,8 +366,10 @@ class CudaFusedArm(Arm):
         if overlap is not None and (isinstance(overlap, bool) or overlap not in (0, 1)):
             raise UserError(f"cuda-fused: overlap={overlap!r} must be 0 or 1")
         check_zero(zero, self.deterministic)
-        # who zeroes the decode kernel's output (fused_policy.zeroes_in_kernel when None)
-        self.zero = zero
+        check_sums(sums, self.deterministic)  # (a source without FP32_SUM is refused at prepare)
+        # who zeroes the decode kernel's output (fused_policy.zeroes_in_kernel when None); how it
+        # sums an element's partials (fused_policy.sums_in_fp32 when None)
+        self.zero, self.sums = zero, sums
         # the prefill kernels' work cut (fused_prefill.split_work and overlap_down when None):
         # down's w2 tiles an item, gate_up's K ranges a (block, group), down beside gate_up's last round
         self.chunk, self.splits, self.overlap = chunk, splits, overlap
@@ -356,7 +377,7 @@ class CudaFusedArm(Arm):
         self.block_m, self.stages, self.per_sm, self.cluster = block_m, stages, per_sm, cluster
         self.max_clusters = max_clusters
         self.source = source or shipped_source()
-        tuned = [k for k in ("block_m", "stages", "per_sm", "cluster", "max_clusters", "zero")
+        tuned = [k for k in ("block_m", "stages", "per_sm", "cluster", "max_clusters", "zero", "sums")
                  if getattr(self, k) is not None]
         if path in ("prefill", "grouped") and tuned:
             raise UserError(f"cuda-fused: {', '.join(tuned)} set the decode kernel; path={path} does not launch it")
@@ -393,7 +414,8 @@ class CudaFusedArm(Arm):
             return DEFAULT_CLUSTER, self.max_clusters, "default"
         s = fx.spec
         most = launch_blocks(plan.num_slots, s.E, bm, plan.sorted_token_ids.numel()) * (s.I // GROUP)
-        options = launch_options(bm, s.K, fx.device.index, DEFAULT_CLUSTER, source=self.source)
+        fp32 = summing_mode(self.sums, s.I, self.source.text, self.source.origin, False, True) == "fp32"
+        options = launch_options(bm, s.K, fx.device.index, DEFAULT_CLUSTER, source=self.source, fp32=fp32)
         opt, _, clusters = place_launch(options, items, most, DEFAULT_CLUSTER)
         tail = tail_launch(items, s.K, opt.per_sm, clusters)
         return (*tail, "rule") if tail is not None else (DEFAULT_CLUSTER, None, "default")
@@ -467,7 +489,7 @@ class CudaFusedArm(Arm):
                                                       stages=self.stages, per_sm=self.per_sm, items=items,
                                                       max_clusters=max_clusters, source=self.source,
                                                       deterministic=self.deterministic, zero_out=True,
-                                                      zero=self.zero)
+                                                      zero=self.zero, sums=self.sums)
         res = module.resources(KERNEL_NAME, fx.device.index)
         identity = {
             "path": "decode", "path_rule": rule,
@@ -478,18 +500,25 @@ class CudaFusedArm(Arm):
             "items": items, "build": module.build.to_dict(), "deterministic": self.deterministic,
             "registers": res.registers, "spills": res.spill_stores + res.spill_loads, "resources_from": res.source,
             "output": ("written: the combine stores its sums" if self.deterministic else
+                       ("written: the fused kernel zeroes its FP32 sums (ZERO_OUT), adds into them, then stores it"
+                        if dims["zeroing"] == "kernel" else
+                        f"written: {ZERO_NAME} zeroes its FP32 sums, the fused kernel adds into them, then stores it")
+                       if dims["sums"] == "fp32" else
                        "written: the fused kernel zeroes it (ZERO_OUT), then adds into it"
                        if dims["zeroing"] == "kernel" else
                        f"written: {ZERO_NAME} zeroes it, the fused kernel adds into it"),
             "zeroing": dims["zeroing"], "zeroing_chosen_by": "zero" if self.zero is not None else "rule",
+            "sums": dims["sums"], "sums_chosen_by": "sums" if self.sums is not None else "rule",
             "cluster_chosen_by": cluster_by,
         }
         kernels = (FUSED_DET_KERNELS if self.deterministic else
                    FUSED_ZEROING_KERNELS if dims["zeroing"] == "kernel" else FUSED_KERNELS)
         # where it rounds (moebench.fixtures.error_model): every (block, 128 columns of I) item adds
-        # its partial into the BF16 output, top_k x I/128 BF16 adds an element; the deterministic
-        # build stores each partial as a BF16 row and sums the rows in FP32
-        oracle = "bf16-partial-rows" if self.deterministic else "bf16-partials"
+        # its partial into the BF16 output, top_k x I/128 BF16 adds an element, or (FP32_SUM) into
+        # FP32 sums rounded once; the deterministic build stores each partial as a BF16 row and sums
+        # the rows in FP32
+        oracle = ("bf16-partial-rows" if self.deterministic else
+                  "fp32-partials" if dims["sums"] == "fp32" else "bf16-partials")
         return PreparedCall(arm=self.name, run=launch, output=out, kernels=kernels,
                             identity=identity, workspace=dims["workspace"], oracle=oracle)
 

@@ -1,9 +1,12 @@
 """How the fused kernel is built and launched for a problem: its meta-parameters (BLOCK_M,
 STAGES, CTAs an SM, CLUSTER), the shared memory they need (mirroring the kernel's `carve`),
-the occupancy and ring depth that fit an SM, the plan blocks a grid covers, and how the
-hardware is asked to place the clusters. Pure arithmetic: no GPU, no compiler."""
+the occupancy and ring depth that fit an SM, the plan blocks a grid covers, how the
+hardware is asked to place the clusters, and who zeroes the output and how its partials are
+summed. Pure arithmetic: no GPU, no compiler."""
 
 from __future__ import annotations
+
+import re
 
 from moebench.errors import UserError
 from moebench.kernels.cuda.fused_layout import DEFAULT_CLUSTER, GROUP
@@ -121,15 +124,69 @@ def launch_blocks(num_slots: int, num_experts: int, block_m: int, capacity: int)
 
 
 def kernel_defines(block_m: int, stages: int, per_sm: int, cluster: int,
-                   deterministic: bool = False, zero_out: bool = False) -> dict[str, str]:
-    """The .cu's meta-parameters for one build (DETERMINISTIC and ZERO_OUT only where chosen, so
-    the default build's identity does not change)."""
+                   deterministic: bool = False, zero_out: bool = False, fp32_sum: bool = False) -> dict[str, str]:
+    """The .cu's meta-parameters for one build (DETERMINISTIC, ZERO_OUT and FP32_SUM only where
+    chosen, so the default build's identity does not change)."""
     d = {"BLOCK_M": str(block_m), "STAGES": str(stages), "MIN_CTAS_PER_SM": str(per_sm), "CLUSTER": str(cluster)}
     if deterministic:
         d["DETERMINISTIC"] = "1"
     if zero_out:
         d["ZERO_OUT"] = "1"
+    if fp32_sum:
+        d["FP32_SUM"] = "1"
     return d
+
+
+SUMS = ("fp32", "bf16")  # how the decode kernel sums an output element's partials (the arm's `sums` option)
+
+
+def sums_in_fp32(I: int) -> bool:  # noqa: E741 - the standard name for the intermediate size
+    """Whether a decode launch that writes its output sums its partials in FP32 (the kernel's
+    FP32_SUM: reductions into an FP32 copy of the output, one BF16 rounding at the end) rather than
+    reduce-adding them into the BF16 output. Each (plan block, 128 columns of I) item adds one
+    partial to an element, top_k x I/128 of them: with I = 128 that is top_k BF16 adds, as
+    cuda-swapab's slots make, and FP32 sums would double the reductions' bytes and wait at the end
+    for every CTA, for no gain; from I = 256 the BF16 adds multiply (144 at DeepSeek-V3's whole
+    experts, four times cuda-swapab's distance from the exact result: docs/parity.md), and FP32
+    sums remove all but the last rounding."""
+    return I > GROUP
+
+
+_FP32_SUM_RE = re.compile(r"^\s*#\s*ifndef\s+FP32_SUM\b", re.MULTILINE)
+
+
+def can_sum_fp32(source_text: str) -> bool:
+    """Whether a source of the decode kernel has the FP32_SUM meta-parameter (a --build of an older
+    copy has not: it reduce-adds into the BF16 output, as it did)."""
+    return _FP32_SUM_RE.search(source_text) is not None
+
+
+def check_sums(sums: str | None, deterministic: bool) -> None:
+    """The `sums` option's user errors: an unknown mode, or any mode for the deterministic build."""
+    who = "cuda-fused-det" if deterministic else "cuda-fused"
+    if sums is not None and sums not in SUMS:
+        raise UserError(f"{who}: sums={sums!r} must be one of {', '.join(SUMS)}")
+    if sums is not None and deterministic:
+        raise UserError(f"{who}: sums={sums} does not apply (the combine sums BF16 rows in FP32)")
+
+
+def summing_mode(sums: str | None, I: int, source_text: str, origin: str,  # noqa: E741
+                 deterministic: bool, writes: bool) -> str | None:
+    """How a decode launch sums its partials: "fp32" (FP32_SUM) or "bf16" (reductions into the
+    BF16 output); None for the deterministic build (its combine sums BF16 rows in FP32). `sums`
+    forces one, else `sums_in_fp32`. FP32 sums need a launch that writes its output (`writes`:
+    the call zeroes them; a launch adding into a given output keeps BF16 reductions) and a source
+    with FP32_SUM."""
+    check_sums(sums, deterministic)
+    if deterministic:
+        return None
+    if sums is None:
+        return "fp32" if writes and sums_in_fp32(I) and can_sum_fp32(source_text) else "bf16"
+    if sums == "fp32" and not writes:
+        raise UserError("cuda-fused: sums=fp32 needs a call that writes its output (it zeroes the FP32 sums)")
+    if sums == "fp32" and not can_sum_fp32(source_text):
+        raise UserError(f"{origin}: no FP32_SUM meta-parameter (sums=fp32 needs the kernel to sum in FP32)")
+    return sums
 
 
 ZERO_MODES = ("kernel", "launch")  # who zeroes an output the call writes: the fused kernel, or a kernel ahead
@@ -150,6 +207,19 @@ def deterministic_occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> t
     BLOCK_M (a token's sums do not follow the block size), which spill at BLOCK_M 16 with three
     CTAs an SM, so there it launches at two."""
     return tuple(ps for ps in occupancies(block_m, cluster) if not (block_m == 16 and ps >= 3))
+
+
+def fp32_occupancies(block_m: int, cluster: int = DEFAULT_CLUSTER) -> tuple[int, ...]:
+    """`occupancies` of the FP32_SUM build: at BLOCK_M 16 with three CTAs an SM its consumers spill
+    under nvcc 13.0's ptxas (not NVRTC 13.0's), so there it launches at two, as the deterministic
+    build does. (The decode path's own block size is 8: BLOCK_M 16 comes from options.)"""
+    return tuple(ps for ps in occupancies(block_m, cluster) if not (block_m == 16 and ps >= 3))
+
+
+def build_occupancies(block_m: int, cluster: int, deterministic: bool = False, fp32: bool = False) -> tuple[int, ...]:
+    """The occupancies a build may launch at: the deterministic build's, the FP32_SUM build's, or the default's."""
+    pick = deterministic_occupancies if deterministic else fp32_occupancies if fp32 else occupancies
+    return pick(block_m, cluster)
 
 
 def cluster_policy(one_round: bool) -> str:

@@ -92,6 +92,20 @@
 // reduction. The chunk's copy goes out before the wait, its arrival after it. Like the prefill
 // kernels' chained counters, it needs every CTA of the persistent grid resident at once.
 //
+// FP32_SUM (0 or 1, the host's choice: fused_policy.sums_in_fp32, for launches that write their
+// output). At 1 no BF16 rounding happens before the end: the epilogues reduce-add into `acc`, an
+// FP32 copy of the output ([M, K], zeroed in the call as the output is otherwise: ZERO_OUT's
+// stripes or the zeroing kernel ahead), with one 16-byte v4.f32 reduction a lane (4 columns), and
+// the output is stored once from it. An element then takes top_k x I/128 FP32 adds and one BF16
+// rounding, where at 0 it takes that many BF16 adds (144 at DeepSeek-V3's whole experts, I 2048):
+// four times cuda-swapab's distance from the exact result there (parity.md). The store comes
+// after a grid-wide count: each CTA, its items done, adds its share to a count that only grows
+// (work[DONE_COUNT], ZERO_SPAN a launch, as ZERO_OUT's), its producer warp waits (acquire) for the
+// launch's multiple and then stores stripe blockIdx.x of the output from `acc`. Like ZERO_OUT it
+// needs every CTA of the persistent grid resident at once. The host takes it where I > 128: with
+// one group an expert an element takes top_k BF16 adds, as cuda-swapab's, and the FP32 path would
+// add its doubled reduction bytes and the count's wait at the end for no gain.
+//
 // The kernel body is the sequence of its stages: set-up, then the producer warp
 // (produce_items) and the consumer warps, item by item (gemm1_*, swiglu_*, requant, gemm2 with
 // its epilogue reduce_out), then the cluster's final barrier.
@@ -136,11 +150,15 @@
 #ifndef ZERO_OUT
 #define ZERO_OUT 0
 #endif
+#ifndef FP32_SUM
+#define FP32_SUM 0
+#endif
 
 static_assert(BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 48, "BLOCK_M: a multiple of 8, at most 48");
 static_assert(STAGES >= 2 && STAGES <= 10, "STAGES in [2, 10]");
 static_assert(CLUSTER == 1 || CLUSTER == 4 || CLUSTER == 8, "CLUSTER: 1, 4 or 8");
 static_assert(!(DETERMINISTIC && ZERO_OUT), "the deterministic build's combine writes the output: nothing to zero");
+static_assert(!(DETERMINISTIC && FP32_SUM), "the deterministic build's combine sums in FP32 already");
 
 // Behaviour that follows from the meta-parameters (not switches):
 // In launches of one round (no more items than clusters) the producer issues chunk g >= STAGES
@@ -173,6 +191,10 @@ static_assert(LAG <= STAGES && EARLY_CHUNKS <= STAGES, "the lag and the early ch
 // launch adds to it in all (a power of two, at least the grid: CTA 0 adds what the others do not).
 constexpr int ZERO_COUNT = 2 + 256;
 constexpr int ZERO_SPAN = 1024;
+#if FP32_SUM
+// The count of CTAs whose items are done, after ZERO_COUNT; a launch adds ZERO_SPAN to it.
+constexpr int DONE_COUNT = ZERO_COUNT + 1;
+#endif
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -369,8 +391,14 @@ __device__ __forceinline__ void red_add_bf16x8(unsigned short* out, float4 lo, f
                  :: "l"(out), "r"(p0), "r"(p1), "r"(p2), "r"(p3) : "memory");
 }
 
+// out[0..3] += v[0..3] as one 16-byte v4.f32 reduction in L2 (out 16-byte aligned): FP32_SUM.
+__device__ __forceinline__ void red_add_f32x4(float* out, float4 v) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(out), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
 // dst[0..7] = v[0..7] as BF16, one 16-byte store (dst 16-byte aligned): a deterministic build's
-// contribution, into its own workspace row.
+// contribution, into its own workspace row; FP32_SUM's output, from its FP32 sums.
 __device__ __forceinline__ void store_bf16x8(unsigned short* dst, float4 lo, float4 hi) {
     u32 p0, p1, p2, p3;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p0) : "f"(lo.y), "f"(lo.x));
@@ -490,6 +518,9 @@ struct Args {
     unsigned short* out;
     int* work;
     int num_slots, top_k, K, E, max_blocks, G;
+#if FP32_SUM
+    float* acc;  // the output's FP32 sums [M, K]
+#endif
 };
 
 // Where this CTA is: its rank in the cluster, its cluster and the clusters of the grid.
@@ -570,11 +601,17 @@ __device__ __forceinline__ int zero_target_at_entry(const Args& a) {
 // CTA's share to the count: the consumers' barrier orders every consumer's stores before that
 // thread's release (cumulative), so no fence of its own (a sequentially consistent one would hold
 // warp 0, and the CTA's first chunks with it, until its stores are acknowledged).
+// FP32_SUM: the stripe of the FP32 sums (the output itself is stored once at the end).
 __device__ __forceinline__ void zero_stripe(const Args& a, int tid) {
+#if FP32_SUM
+    const u32 n16 = static_cast<u32>(a.num_slots / a.top_k) * static_cast<u32>(a.K >> 2);  // [M, K] FP32 in 16 B
+    uint4* o = reinterpret_cast<uint4*>(a.acc);
+#else
     const u32 n16 = static_cast<u32>(a.num_slots / a.top_k) * static_cast<u32>(a.K >> 3);  // [M, K] BF16 in 16 B
+    uint4* o = reinterpret_cast<uint4*>(a.out);
+#endif
     const u32 per = (n16 + gridDim.x - 1) / gridDim.x;
     const u32 lo = min(n16, blockIdx.x * per), hi = min(n16, lo + per);
-    uint4* o = reinterpret_cast<uint4*>(a.out);
     for (u32 i = lo + tid; i < hi; i += CONSUMERS) o[i] = make_uint4(0u, 0u, 0u, 0u);
     named_sync_consumers();
     if (tid == 0)
@@ -1152,7 +1189,8 @@ __device__ __forceinline__ void requant(const Consumer& c, const Meta& m) {
 // ---- epilogue: one n-tile's C fragment p of the m-tile at rows rbase..: (row gq, token 2tq),
 // (gq, 2tq+1), (gq+8, 2tq), (gq+8, 2tq+1), times the down scale and requant scale x route
 // weight. Staged as [token][16 rows] in the warp's `stg`; lane 2u+h then adds rows 8h..8h+7 of
-// token u into the output (one 16-byte BF16 reduction).
+// token u into the output (one 16-byte BF16 reduction), or (FP32_SUM) lane 4u+q rows 4q..4q+3
+// into the FP32 sums (one 16-byte FP32 reduction).
 __device__ __forceinline__ void reduce_out(const Consumer& c, const Meta& m, float* stg, const float (&p)[4],
                                            int t, float sw, int rbase) {
     const int lane = c.lane, gq = c.gq, tq = c.tq;
@@ -1162,6 +1200,16 @@ __device__ __forceinline__ void reduce_out(const Consumer& c, const Meta& m, flo
     stg[(2 * tq) * STG_ROW + gq + 8] = p[2] * f0;
     stg[(2 * tq + 1) * STG_ROW + gq + 8] = p[3] * f1;
     __syncwarp();
+#if FP32_SUM
+    {  // lane 4u + q adds rows 4q..4q+3 of token u into the FP32 sums (u, q derived here: kept
+       // across the loop they crowd the consumers' registers)
+        const int l = launder(lane), u = l >> 2, q = l & 3;
+        const int tok = m.tok[t * 8 + u];
+        if (tok >= 0)
+            red_add_f32x4(c.a.acc + static_cast<size_t>(tok) * c.a.K + rbase + 4 * q,
+                          *reinterpret_cast<const float4*>(stg + u * STG_ROW + 4 * q));
+    }
+#else
     if (lane < 16) {
         const int u = lane >> 1, h = lane & 1;
         const int tok = m.tok[t * 8 + u];  // DETERMINISTIC: the slot
@@ -1176,6 +1224,7 @@ __device__ __forceinline__ void reduce_out(const Consumer& c, const Meta& m, flo
                                *reinterpret_cast<const float4*>(sv + 4));
         }
     }
+#endif
     __syncwarp();
 }
 
@@ -1284,6 +1333,47 @@ __device__ __forceinline__ void consume_items(const Args& a, u8* smem_base, cons
     if (n == 0) cluster_wait_acquire();
 }
 
+// ---- FP32_SUM: the output, stored once from its FP32 sums after every CTA's items are done, by
+// the producer warp (its loop's registers are free by then; code after the consumers' loop
+// crowded their budget at three CTAs an SM under NVRTC 13.0, whose ptxas then spilled). The
+// consumers, their items done, arrive on named barrier 2, which the producer waits on: every
+// consumer's reductions are ordered before lane 0's release of the CTA's share of the count
+// (cumulative). The warp waits (acquire) for the launch's multiple and converts stripe blockIdx.x
+// of [M, K]: 32 bytes read through L2 (__ldcg) and 16 written per 8 columns, a lane's at a time
+// (a stripe is 1 to 3 of them a lane at the decode path's M; loads of several in flight at once
+// spilled the consumers at BLOCK_M 48 under nvcc 13.0). The base of the count is read just before
+// the share is added: no share of this launch is this CTA's yet, so the count lies within the
+// launch's span.
+#if FP32_SUM
+__device__ __forceinline__ void consumers_done() {
+    asm volatile("bar.arrive 2, %0;" :: "n"(THREADS) : "memory");
+}
+
+__device__ __forceinline__ void store_output(const Args& a, int lane) {
+    asm volatile("bar.sync 2, %0;" :: "n"(THREADS) : "memory");
+    int target = 0;
+    if (lane == 0) {
+        const u32 base = static_cast<u32>(ld_relaxed_gpu(a.work + DONE_COUNT)) & ~(ZERO_SPAN - 1u);
+        red_release_add_gpu(a.work + DONE_COUNT, blockIdx.x == 0 ? ZERO_SPAN - static_cast<int>(gridDim.x - 1) : 1);
+        target = static_cast<int>(base + ZERO_SPAN);
+    }
+    target = __shfl_sync(0xffffffffu, target, 0);
+    // (CTAs without items wait here the whole launch: one load a warp every ~0.8 us)
+    while (static_cast<int>(static_cast<u32>(ld_acquire_gpu(a.work + DONE_COUNT)) - static_cast<u32>(target)) < 0)
+        __nanosleep(128);
+    __syncwarp();
+    // (a CTA without items has not waited for the zeroing kernel ahead: the sums' zeros are its)
+    if constexpr (!ZERO_OUT) asm volatile("griddepcontrol.wait;" ::: "memory");
+    const u32 n8 = static_cast<u32>(a.num_slots / a.top_k) * static_cast<u32>(a.K >> 3);  // [M, K] in 8 columns
+    const u32 per = (n8 + gridDim.x - 1) / gridDim.x;
+    const u32 lo = min(n8, blockIdx.x * per), hi = min(n8, lo + per);
+    const float4* src = reinterpret_cast<const float4*>(a.acc);
+    for (u32 i = lo + lane; i < hi; i += 32)
+        store_bf16x8(a.out + 8 * static_cast<size_t>(i), __ldcg(src + 2 * static_cast<size_t>(i)),
+                     __ldcg(src + 2 * static_cast<size_t>(i) + 1));
+}
+#endif
+
 // ------------------------------------------------------------------------------ the kernel
 
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MIN_CTAS_PER_SM)
@@ -1298,19 +1388,29 @@ moebench_fused_moe(
     const int* __restrict__ sorted_token_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ num_tokens_post_padded, const float* __restrict__ topk_weights,
     // BF16 output [M, K], accumulated into (DETERMINISTIC: the workspace [num_slots * G, K],
-    // every row of a routed slot written once)
+    // every row of a routed slot written once; FP32_SUM: written once, from `acc`)
     unsigned short* __restrict__ out,
     // work counters: [0] tickets taken, [1] clusters out of work, [2 + smid] busy CTAs on SM smid
     // (one-round launches, CROWD_LAG); zero at launch, zero after. [ZERO_COUNT] (ZERO_OUT): the
-    // zeroed stripes, a multiple of ZERO_SPAN between launches
+    // zeroed stripes, [DONE_COUNT] (FP32_SUM): the CTAs done, multiples of ZERO_SPAN between launches
     int* __restrict__ work,
     // max_blocks: plan blocks any routing can fill (the host's bound on expert_ids reads);
     // G: requant groups of the intermediate (I / 128)
-    int num_slots, int top_k, int K, int E, int max_blocks, int G)
+    int num_slots, int top_k, int K, int E, int max_blocks, int G
+#if FP32_SUM
+    // the output's FP32 sums [M, K], zeroed in the call (ZERO_OUT's stripes or the zeroing kernel
+    // ahead); `out` is then written, never read
+    , float* __restrict__ acc
+#endif
+    )
 {
     extern __shared__ __align__(128) u8 smem_base[];
     const Args a{x, x_scale, w1f, w1_scale, w2f, w2_scale, sorted_token_ids, expert_ids, num_tokens_post_padded,
-                 topk_weights, out, work, num_slots, top_k, K, E, max_blocks, G};
+                 topk_weights, out, work, num_slots, top_k, K, E, max_blocks, G
+#if FP32_SUM
+                 , acc
+#endif
+                 };
     const int tid = threadIdx.x;
     const Place p{tid, tid >> 5, tid & 31, cluster_ctarank(), static_cast<int>(blockIdx.x / CLUSTER),
                   static_cast<int>(gridDim.x / CLUSTER)};
@@ -1320,9 +1420,15 @@ moebench_fused_moe(
     set_up(smem_base, K, tid);
     if (p.warp == 8) {
         produce_items(a, smem_base, first, p, zero_target);
+#if FP32_SUM
+        store_output(a, p.lane);
+#endif
     } else {
         if constexpr (ZERO_OUT) zero_stripe(a, tid);
         consume_items(a, smem_base, p);
+#if FP32_SUM
+        consumers_done();
+#endif
     }
     if constexpr (DETERMINISTIC) asm volatile("griddepcontrol.launch_dependents;");  // the combine
     // No CTA leaves while another may still store into its shared memory or barriers.
