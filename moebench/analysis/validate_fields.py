@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from moebench.choices import FLUSH_MODES
 from moebench.analysis.roofline import shape_floors
 from moebench.record.schema import RunResult
+from moebench.timing.schedule import PLACEMENT_MODES
 
 FLUSH_NAMES = FLUSH_MODES
 TIMER_NAMES = ("cupti", "events", "none")
@@ -27,9 +28,13 @@ FLOOR_SHARE = 0.5
 
 
 def pattern_problems(result: RunResult) -> list[str]:
-    """Declared kernel patterns that are not regular expressions: the audit cannot run them, so
-    a file holding one is refused whatever the caller trusts."""
+    """What the statistics cannot even be re-derived by: declared kernel patterns that are not
+    regular expressions (the audit cannot run them), a placement mode no schedule knows (which
+    copy a sample took cannot be said). A file holding one is refused whatever the caller trusts."""
     out = []
+    if result.settings.placement_mode not in PLACEMENT_MODES:
+        out.append(f"settings.placement_mode {result.settings.placement_mode!r} is not one of "
+                   f"{', '.join(PLACEMENT_MODES)}")
     for a in result.arms:
         for k in a.kernels:
             try:

@@ -68,6 +68,7 @@ def _forgeries(r):
     yield "clock", replace(r, clocks=(replace(r.clocks[0], sm_mhz=-5), *r.clocks[1:])), "sm_mhz"
     yield "negative warm-up", replace(r, settings=replace(r.settings, warmup=-3)), "warmup -3"
     yield "placements", replace(r, settings=replace(r.settings, placements=-2)), "placements -2"
+    yield "placement mode", replace(r, settings=replace(r.settings, placement_mode="")), "placement_mode ''"
     yield "flush bytes", replace(r, settings=replace(r.settings, flush_bytes=-1)), "flush_bytes -1"
     yield "negative M", replace(r, fixtures=(replace(f0, M=-8), *r.fixtures[1:])), "M -8"
 
