@@ -292,7 +292,7 @@ def test_the_reduce_probe_is_the_combine_instruction_alone(tmp_path, monkeypatch
     from moebench.tasks.probe import OPS
     from moebench.kernels.cuda import nvrtc as cuda_build
     from moebench.kernels.cuda.source import KernelSource
-    from tests.test_fused_host import _cuobjdump
+    from test_fused_host import _cuobjdump
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
     m = cuda_build.compile_source(KernelSource.shipped("sm90_reduce_probe.cu"))
@@ -315,7 +315,7 @@ def test_the_wgmma_probe_is_the_prefill_instruction_alone(tmp_path, monkeypatch)
     from moebench.tasks.probe import OPS, WGMMA_OPS, WGMMA_STEP_FLOPS
     from moebench.kernels.cuda import nvrtc as cuda_build
     from moebench.kernels.cuda.source import KernelSource
-    from tests.test_fused_host import _cuobjdump
+    from test_fused_host import _cuobjdump
     assert WGMMA_STEP_FLOPS == 2 * 4 * (2 * 64 * 128 * 32)  # a CTA's K step: 2 warpgroups x 4 m64n128k32
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
     cuda_build.clear_memo()
