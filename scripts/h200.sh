@@ -4,6 +4,10 @@
 # folder, bundled into $OUT/bundle.tgz after every stage (few files come back from such a machine, and
 # a stage cut off by the time limit still leaves the earlier ones).
 #   usage: bash scripts/h200.sh STAGE [STAGE ...]
+# The proofs the open issues ask for, in order of priority: truth read-floor (the default
+# protocol, the read floor), house old-build (the stage folders: all arms before and after,
+# a --build from before the move), fp32 registry (the FP32 sums, every registry model),
+# peers tune (the cublas peer, the tuned stock path).
 # Carry .whl (../shared/fetch-wheels) and, for the `builds` stage, .gitcopy: make it here
 # with `git clone -q --bare . .gitcopy` and add `/.gitcopy/` to .git/info/exclude.
 set -u
@@ -116,5 +120,27 @@ for s in "$@"; do case $s in
   memcheck) stage memcheck bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py ${SAN_ARGS:-}" ;;
   sanitize) stage sanitize bash -c "compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize_fused.py &&
          compute-sanitizer --tool racecheck python3 scripts/sanitize_fused.py" ;;
+  truth) stage truth bash scripts/truth.sh "$R/truth" aaa slow ;;
+  read-floor) stage read-floor bash -c "python3 -m moebench probe --op read && python3 -m moebench doctor --calibrate" ;;
+  house) stage house bash -c "d=\$(mktemp -d) && git archive ${MOVE_BASE:-95475b3~1} moebench | tar -x -C \$d &&
+         (cd \$d && PYTHONPATH=/tmp/site:\$d python3 -m moebench run --shape A8,Q8,A128,Q128 --out $R/house) &&
+         python3 -m moebench run --shape A8,Q8,A128,Q128 --out $R/house &&
+         python3 -m moebench compare \$(ls -tr $R/house/*.json | head -1) \$(ls -t $R/house/*.json | head -1)" ;;  # all arms before/after the stage folders
+  old-build) stage old-build bash -c "python3 -m moebench run --shape A8,Q8 --arms cuda-fused --ref cuda-fused \
+         --build old=git:${MOVE_BASE:-95475b3~1}:moebench/kernels/cuda/sm90_fused_moe.cu --build now=moebench/kernels/cuda/sm90_fused_moe.cu \
+         --build-host worktree --out $R/old-build" ;;
+  fp32) stage fp32 bash -c "python3 -m pytest -q tests/gpu/test_fused_fp32_gpu.py tests/gpu/test_fused_gpu.py &&
+         python3 -m moebench verify --shapes-file tests/data/whole-expert-shapes.toml --shape D1,D8,W1,W8 \
+           --arms cuda-swapab,cuda-fused --edge-cases &&
+         python3 -m moebench run --shapes-file tests/data/whole-expert-shapes.toml --shape A8,Q8,A128,Q128,D1,D8,W1,W8 \
+           --variant f32=cuda-fused:sums=fp32 --variant b16=cuda-fused:sums=bf16 --ref b16 --out $R/fp32" ;;
+  registry) stage registry python3 -m moebench verify --edge-cases --arms triton,cuda-swapab,cuda-fused --shape \
+         deepseek-v3/ep8/M8,deepseek-v3/tp8/M8,kimi-k2/ep8/M8,kimi-k2/tp8/M8,glm-4.5/ep8/M8,glm-4.5/tp4/M8,qwen3-235b-a22b/ep8/M8,qwen3-235b-a22b/tp4/M8,qwen3-30b-a3b/tp1/M8,qwen3-30b-a3b/ep8/M8,qwen3-next-80b-a3b/tp4/M8,qwen3-next-80b-a3b/ep8/M8 ;;
+  peers) stage peers bash -c "python3 -m pytest -q tests/gpu/test_cublas_gpu.py &&
+         python3 -m moebench verify --shape A8,A128,A4096,Q8,Q128,Q4096 --arms cublas &&
+         python3 -m moebench run --shape A8,Q8,A128,Q128 --arms cuda-fused,cublas,triton --ref triton --out $R/peers" ;;
+  tune) stage tune bash -c "for f in A Q deepseek-v3/ep8; do python3 -m moebench tune --shape \$f --ms 1,8,128,4096 --out $R/tuned ||
+           python3 -m moebench tune --shape \$f --ms 1,8,128,4096 --out $R/tuned || exit 1; done &&
+         python3 -m moebench run --shape A1,A8,A128,A4096,Q1,Q8,Q128,Q4096 --arms triton,triton-tuned --tuned $R/tuned --ref triton --out $R/tuned" ;;
   *) echo "unknown stage $s" ;;
 esac; done
