@@ -1,10 +1,12 @@
 """A RunResult as one long CSV table (pandas): one row per sample, one per summary cell.
 
-Columns: kind (sample | summary | ratio), shape, arm, ref, round, index, metric, unit,
+Columns: kind (sample | summary | ratio | vs_best), shape, arm, ref, round, index, metric, unit,
 value, and for samples gpu_span_ns, kernels and external_id. A summary cell that holds
 one value per round (row medians, per-round ratios) becomes one row per round. Each arm's
 `floor_understated` row is 1 where it beat its floor (moebench.analysis.roofline.arm_floor: its
 fraction_of_read_bandwidth and times_floor rows are then bounds that did not hold), else 0.
+Where a run holds two of the stock and peer arms (moebench.analysis.stats.BEST_OF), `vs_best`
+rows give every arm against its shape's fastest of them (`ref` names it), as the tables do.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ RATIO_METRICS: dict[str, tuple[str, Callable[[RatioSummary], float | None]]] = {
 
 
 def result_frame(result: RunResult) -> pd.DataFrame:
-    rows = list(_sample_rows(result)) + list(_summary_rows(ResultIndex(result)))
+    rows = list(_sample_rows(result)) + list(_summary_rows(ResultIndex(result))) + list(_vs_best_rows(result))
     frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
     for col in INTEGER_COLUMNS:  # straight from the ints: through float64 an id past 2**53 would change
         frame[col] = pd.array([r[col] for r in rows], dtype="Int64")
@@ -90,3 +92,13 @@ def _summary_rows(ix: ResultIndex) -> Iterator[dict]:
             for rnd, v in enumerate(r.per_round, start=1):
                 yield _row(kind="ratio", shape=shape, arm=arm, ref=r.ref, round=rnd, metric="ratio_round",
                            unit="ref/arm", value=v)
+
+
+def _vs_best_rows(result: RunResult) -> Iterator[dict]:
+    from moebench.analysis.stats import best_ratios
+    for b in best_ratios(result):
+        if b.ratio is None:  # the best itself
+            continue
+        for metric, (unit, get) in RATIO_METRICS.items():
+            yield _row(kind="vs_best", shape=b.shape, arm=b.arm, ref=b.best, metric=metric,
+                       unit=unit.replace("ref", "best"), value=get(b.ratio))

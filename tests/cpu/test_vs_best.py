@@ -79,3 +79,20 @@ def test_tables_show_it_beside_the_ref_within_100_columns(monkeypatch):
     ref_ratio = next(r for r in run.ratios if (r.shape, r.arm) == ("A8", "triton"))
     assert f"| A8 | `cuda-fused` | ref | {fused.ratio.median:.3f} | `{fused.best}` |" in md
     assert f"| A8 | `triton` | {ref_ratio.median:.3f} |" in md
+
+
+def test_csv_gives_every_arm_against_the_best_with_the_best_named():
+    from moebench.views.csv_view import result_frame
+    run = make_result(shapes=("A8", "Q8"), arms=("triton", "cublas", "cuda-fused"),
+                      scale={("A8", "cublas"): 0.5, ("Q8", "cublas"): 1.5})
+    frame = result_frame(run)
+    rows = frame[(frame.kind == "vs_best") & (frame.metric == "ratio_median")]
+    got = {(r.shape, r.arm): (r.ref, r.value) for r in rows.itertuples()}
+    want = {(b.shape, b.arm): (b.best, b.ratio.median) for b in best_ratios(run) if b.ratio is not None}
+    assert got.keys() == want.keys()
+    for key, (best, value) in want.items():
+        assert got[key][0] == best and got[key][1] == pytest.approx(value)
+    assert ("A8", "cublas") not in got and ("Q8", "triton") not in got  # the best is not its own row
+    assert set(rows.unit) == {"best/arm"}
+    single = make_result(shapes=("A8",), arms=("triton", "cuda-fused"))
+    assert "vs_best" not in set(result_frame(single).kind)
