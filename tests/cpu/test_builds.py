@@ -3,6 +3,7 @@ through NVRTC, and a build-vs-build run on the CPU (fake timing backend)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -272,30 +273,41 @@ class HostedArm(Arm):
 '''
 
 
-def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch):
-    """A kernel and its host wrapper change together: a git build loads the arm's module as it
-    is at the revision (privately), unless --build-host worktree."""
+@contextlib.contextmanager
+def hosted_repo(tmp_path: Path, monkeypatch, commits):
+    """A git repository of the hosted arm, one commit per mapping of file name to text, as the
+    current directory, with the arm registered from its last commit (the registry restored after)."""
     import importlib
     import sys
 
     from moebench.kernels import registry as arm_module
-    from moebench.kernels.builds import build_arm_factories
     root = tmp_path / "hosted"
     root.mkdir()
     git(root, "init", "-q")
     git(root, "config", "user.email", "t@example.com")
     git(root, "config", "user.name", "t")
-    for version in ("v1", "v2"):
-        (root / "hosted_tiny_arm.py").write_text(HOSTED % version)
-        (root / "moebench_test_hosted.cu").write_text(TINY % version)
+    for n, files in enumerate(commits):
+        for name, text in files.items():
+            (root / name).write_text(text)
         git(root, "add", "-A")
-        git(root, "commit", "-q", "-m", version)
+        git(root, "commit", "-q", "-m", f"commit {n}")
     monkeypatch.chdir(root)
     monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setattr(arm_module, "ARMS", dict(arm_module.ARMS))
     try:
         arm_module.add_module_arms(importlib.import_module("hosted_tiny_arm"))
+        yield arm_module
+    finally:
+        sys.modules.pop("hosted_tiny_arm", None)
+
+
+def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch):
+    """A kernel and its host wrapper change together: a git build loads the arm's module as it
+    is at the revision (privately), unless --build-host worktree."""
+    from moebench.kernels.builds import build_arm_factories
+    versions = [{"hosted_tiny_arm.py": HOSTED % v, "moebench_test_hosted.cu": TINY % v} for v in ("v1", "v2")]
+    with hosted_repo(tmp_path, monkeypatch, versions) as arm_module:
         builds = resolve_builds(["new=moebench_test_hosted.cu", "old=git:HEAD~1", "head=git:HEAD"])
         new, old, head = builds
         assert new.host is None and head.host is None  # same text as this tree's: nothing to load
@@ -306,5 +318,3 @@ def test_git_builds_take_the_host_module_at_their_revision(tmp_path, monkeypatch
         assert "test-hosted" in arm_module.ARMS and arm_module.ARMS["test-hosted"].__module__ == "hosted_tiny_arm"
         (kept,) = resolve_builds(["old=git:HEAD~1:moebench_test_hosted.cu"], build_arm="test-hosted", host="worktree")
         assert kept.host is None
-    finally:
-        sys.modules.pop("hosted_tiny_arm", None)

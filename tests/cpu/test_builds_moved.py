@@ -4,18 +4,15 @@ today's names; a file under neither path at the revision is one line, never toda
 
 from __future__ import annotations
 
-import importlib
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_builds import HOSTED, TINY, git
+from test_builds import HOSTED, TINY, hosted_repo
 
 import moebench
 from moebench.cli import main
 from moebench.errors import UserError
-from moebench.kernels import registry as arm_module
 from moebench.kernels.builds import build_arm_factories, resolve_builds
 from moebench.kernels.moved import BEFORE_THE_MOVE, MODULE_RENAMES, candidate_paths, with_todays_imports
 
@@ -83,28 +80,11 @@ def test_a_path_missing_at_the_revision_is_one_line(monkeypatch, tmp_path, capsy
 def test_a_host_module_missing_at_the_revision_is_refused_not_replaced(tmp_path, monkeypatch):
     """The revision has the kernel but not the arm's module: the build would run today's host
     code with the revision's kernel, so it is refused unless --build-host worktree."""
-    root = tmp_path / "hosted"
-    root.mkdir()
-    git(root, "init", "-q")
-    git(root, "config", "user.email", "t@example.com")
-    git(root, "config", "user.name", "t")
-    (root / "moebench_test_hosted.cu").write_text(TINY % "v1")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "kernel only")
-    (root / "hosted_tiny_arm.py").write_text(HOSTED % "v2")
-    (root / "moebench_test_hosted.cu").write_text(TINY % "v2")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "and its arm")
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setattr(arm_module, "ARMS", dict(arm_module.ARMS))
-    try:
-        arm_module.add_module_arms(importlib.import_module("hosted_tiny_arm"))
+    commits = [{"moebench_test_hosted.cu": TINY % "v1"},
+               {"hosted_tiny_arm.py": HOSTED % "v2", "moebench_test_hosted.cu": TINY % "v2"}]
+    with hosted_repo(tmp_path, monkeypatch, commits):
         with pytest.raises(UserError, match=r"test-hosted's host module hosted_tiny_arm.py does not exist at HEAD~1 "
                                             r".*--build-host worktree"):
             resolve_builds(["old=git:HEAD~1:moebench_test_hosted.cu"])
         (kept,) = resolve_builds(["old=git:HEAD~1:moebench_test_hosted.cu"], host="worktree")
         assert kept.host is None and "host v2" in build_arm_factories([kept])["test-hosted@old"]().description
-    finally:
-        sys.modules.pop("hosted_tiny_arm", None)
