@@ -129,15 +129,15 @@ for s in "$@"; do case $s in
   old-build) stage old-build bash -c "python3 -m moebench run --shape A8,Q8 --arms cuda-fused --ref cuda-fused \
          --build old=git:${MOVE_BASE:-95475b3~1}:moebench/kernels/cuda/sm90_fused_moe.cu --build now=moebench/kernels/cuda/sm90_fused_moe.cu \
          --build-host worktree --out $R/old-build" ;;
-  fp32) stage fp32 bash -c "python3 -m pytest -q tests/gpu/test_fused_fp32_gpu.py tests/gpu/test_fused_gpu.py &&
+  fp32) stage fp32 bash -c "mkdir -p $R/fp32 $R/peers && python3 -m pytest -q tests/gpu/test_fused_fp32_gpu.py tests/gpu/test_fused_gpu.py &&
          python3 -m moebench verify --shapes-file tests/data/whole-expert-shapes.toml --shape D1,D8,W1,W8 \
-           --arms cuda-swapab,cuda-fused --edge-cases &&
+           --arms cuda-swapab,cuda-fused --edge-cases --out $R/fp32/verify-whole-experts.json &&
          python3 -m moebench run --shapes-file tests/data/whole-expert-shapes.toml --shape A8,Q8,A128,Q128,D1,D8,W1,W8 \
            --variant f32=cuda-fused:sums=fp32 --variant b16=cuda-fused:sums=bf16 --ref b16 --out $R/fp32" ;;
-  registry) stage registry python3 -m moebench verify --edge-cases --arms triton,cuda-swapab,cuda-fused --shape \
+  registry) stage registry python3 -m moebench verify --edge-cases --arms triton,cuda-swapab,cuda-fused --out $R/verify-registry.json --shape \
          deepseek-v3/ep8/M8,deepseek-v3/tp8/M8,kimi-k2/ep8/M8,kimi-k2/tp8/M8,glm-4.5/ep8/M8,glm-4.5/tp4/M8,qwen3-235b-a22b/ep8/M8,qwen3-235b-a22b/tp4/M8,qwen3-30b-a3b/tp1/M8,qwen3-30b-a3b/ep8/M8,qwen3-next-80b-a3b/tp4/M8,qwen3-next-80b-a3b/ep8/M8 ;;
   peers) stage peers bash -c "python3 -m pytest -q tests/gpu/test_cublas_gpu.py &&
-         python3 -m moebench verify --shape A8,A128,A4096,Q8,Q128,Q4096 --arms cublas &&
+         python3 -m moebench verify --shape A8,A128,A4096,Q8,Q128,Q4096 --arms cublas --out $R/peers/verify-cublas.json &&
          python3 -m moebench run --shape A8,Q8,A128,Q128 --arms cuda-fused,cublas,triton --ref triton --out $R/peers" ;;
   tune) stage tune bash -c "for f in A Q deepseek-v3/ep8; do python3 -m moebench tune --shape \$f --ms 1,8,128,4096 --out $R/tuned ||
            python3 -m moebench tune --shape \$f --ms 1,8,128,4096 --out $R/tuned || exit 1; done &&

@@ -31,7 +31,8 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
         return out[:limit]
     s = result.settings
     out += determinism_problems(result.determinism)
-    untimed = s.timer == "none" and not result.samples and bool(result.determinism)  # verdicts alone
+    # checks alone (`verify --out`): determinism verdicts or parity rows, no samples
+    untimed = s.timer == "none" and not result.samples and bool(result.determinism or result.parity)
     if not untimed and (s.rounds < 1 or s.samples < 1):
         out.append(f"settings: rounds {s.rounds} and samples {s.samples} must be at least 1")
     unfinished = result.sharding is not None and bool(result.sharding.missing)  # may have no shape done
@@ -48,6 +49,9 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     shapes, arms = set(s.shapes), set(s.arms)
     out += [f"determinism[{v.shape} {v.arm}]: shape or arm not in the settings" for v in result.determinism
             if v.shape not in shapes or v.arm not in arms]
+    # a parity row's shape is a fixture's, or `verify`'s case of it ("A8 M=1")
+    out += [f"parity[{p.shape} {p.arm}]: shape or arm not in the settings" for p in result.parity
+            if p.shape.split(" ")[0] not in shapes or p.arm not in arms]
     declared = {(a.shape, a.name): a.kernels for a in result.arms}
     failing = 0
     for i, x in enumerate(result.samples):

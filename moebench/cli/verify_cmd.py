@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
                                  shapes_file_option, triton_config_option, tuned_option)
-from moebench.cli.determinism_cmd import check_determinism_flags, determinism_options, print_determinism
+from moebench.cli.determinism_cmd import (check_determinism_flags, determinism_options, print_determinism,
+                                          write_checks)
 from moebench.choices import REL_L2_THRESHOLD
+from moebench.views.parity_view import parity_table
 from moebench.views.tables import make_console
 
 
@@ -49,28 +50,10 @@ def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_co
         verdicts, device, result = verify_determinism(req, runs=runs, cross_process=cross_process,
                                                       command=["moebench", *sys.argv[1:]], log=log)
         return print_determinism(console, verdicts, result, device, interpret, out)
-    rows, device = verify(req, log=log)
-    console.print(_parity_table(rows, device, interpret))
+    rows, device, result = verify(req, log=log, command=["moebench", *sys.argv[1:]])
+    console.print(parity_table(rows, "CPU interpreter" if interpret else str(device)))
+    write_checks(result, out)
     failed = [r for r in rows if not r.passed]
     if failed:
         click.echo(f"{len(failed)} of {len(rows)} checks failed", err=True)
         raise SystemExit(1)
-
-
-def _parity_table(rows, device, interpret) -> Table:
-    where = "CPU interpreter" if interpret else str(device)
-    t = Table(title=f"parity against the oracle ({where})", title_justify="left")
-    for col in ("shape", "arm", "oracle"):
-        t.add_column(col, no_wrap=True)
-    # threshold: the relative L2 the arm's error model allows over the whole output (or --threshold)
-    # excess: the residual over the error model's allowance at its worst place (<= 1 passes)
-    for col in ("rel L2", "max abs err", "ref max abs", "NaN/Inf", "threshold", "excess", "rel L2 vs exact"):
-        t.add_column(col, justify="right")
-    t.add_column("result")
-    for r in rows:
-        result = Text("ok", style="green") if r.passed else Text.assemble(("FAIL", "red"), f" {r.reason()}")
-        exact = "—" if r.rel_l2_exact is None else f"{r.rel_l2_exact:.2e}"
-        t.add_row(r.shape, r.arm, r.oracle, f"{r.rel_l2:.2e}", f"{r.max_abs:.2e}", f"{r.ref_max_abs:.2e}",
-                  str(r.nonfinite), f"{r.threshold:.2e}", "—" if r.model_excess is None else f"{r.model_excess:.3f}",
-                  exact, result)
-    return t

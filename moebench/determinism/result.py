@@ -1,8 +1,9 @@
-"""Determinism verdicts as a RunResult of their own (`moebench verify --determinism --out`).
+"""The checks `verify` makes, as a RunResult of their own (`moebench verify [--determinism] --out`):
+determinism verdicts, or parity rows against the oracle.
 
-The file has the run's provenance, the fixtures and the verdicts, and no samples: its timer is
-"none" and its rounds and samples 0, so `report` shows the verdicts alone and `load` checks
-them (moebench.analysis.validate). A timed run's RunResult can carry the same verdicts.
+The file has the run's provenance, the fixtures and the checks, and no samples: its timer is
+"none" and its rounds and samples 0, so `report` shows the checks alone and `load` checks
+them (moebench.analysis.validate). A timed run's RunResult carries the same records.
 """
 
 from __future__ import annotations
@@ -25,13 +26,21 @@ def fixture_info(fx: Fixture) -> S.FixtureInfo:
 
 def determinism_result(verdicts: list[DeterminismVerdict], fixtures: list[Fixture], *, command: list[str],
                        started_at: str, device: torch.device, options: dict | None = None) -> S.RunResult:
-    arms = tuple(dict.fromkeys(v.arm for v in verdicts))
+    return checks_result([fixture_info(fx) for fx in fixtures], command=command, started_at=started_at,
+                         device=device, options=options, determinism=verdicts)
+
+
+def checks_result(fixtures: list[S.FixtureInfo], *, command: list[str], started_at: str, device: torch.device,
+                  options: dict | None = None, determinism: list[DeterminismVerdict] = (),
+                  parity: list[S.ParityInfo] = ()) -> S.RunResult:
+    """A RunResult of checks alone (no samples): the fixtures they ran on and their records."""
+    arms = tuple(dict.fromkeys([v.arm for v in determinism] + [p.arm for p in parity]))
     gpu = gpu_info(device) if device.type == "cuda" else None
-    settings = S.Settings(shapes=tuple(fx.spec.name for fx in fixtures), arms=arms, ref=arms[0], rounds=0,
+    settings = S.Settings(shapes=tuple(f.name for f in fixtures), arms=arms, ref=arms[0], rounds=0,
                           samples=0, warmup=0, flush="none", flush_bytes=0, timer="none",
-                          balancedness=fixtures[0].spec.balancedness,
+                          balancedness=fixtures[0].balancedness,
                           options={k: v for k, v in (options or {}).items() if v is not None})
     return S.RunResult(
         schema_version=S.SCHEMA_VERSION, provenance=provenance(command, started_at, gpu), settings=settings,
-        fixtures=tuple(fixture_info(fx) for fx in fixtures), arms=(), parity=(), samples=(), clocks=(),
-        audit=S.Audit(0, 0, 0), summaries=(), ratios=(), determinism=tuple(verdicts))
+        fixtures=tuple(fixtures), arms=(), parity=tuple(parity), samples=(), clocks=(),
+        audit=S.Audit(0, 0, 0), summaries=(), ratios=(), determinism=tuple(determinism))

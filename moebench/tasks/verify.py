@@ -57,15 +57,25 @@ def _setup(req: VerifyRequest, log: Callable[[str], None]) -> tuple[list, list[s
     return specs, names, device
 
 
-def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None) -> tuple[list, torch.device]:
-    """Every check's row (moebench.kernels.verify), and the device they ran on."""
+def verify(req: VerifyRequest, log: Callable[[str], None] = lambda m: None, *,
+           command: list[str] | None = None) -> tuple[list, torch.device, object]:
+    """Every check's row (moebench.kernels.verify), the device they ran on, and the rows as a
+    RunResult (moebench.determinism.result.checks_result) for `--out`."""
+    from moebench.determinism.result import checks_result, fixture_info
+    from moebench.record.provenance import utc_now
     specs, names, device = _setup(req, log)
-    rows = []
+    started_at = utc_now()
+    rows, infos = [], []
     for spec in specs:
         fx = build_fixture(spec).to(device)
+        infos.append(fixture_info(fx))
         rows += verify_arms(fx, names, options=req.options, seed=req.seed, with_edge_cases=req.edge_cases,
                             threshold=req.threshold, log=log)
-    return rows, device
+        del fx
+    options = {**req.options, "edge_cases": req.edge_cases or None, "seed": req.seed, "threshold": req.threshold}
+    result = checks_result(infos, command=list(command or ["moebench", "verify"]), started_at=started_at,
+                           device=device, options=options, parity=rows) if rows else None
+    return rows, device, result
 
 
 def verify_determinism(req: VerifyRequest, *, runs: int | None, cross_process: bool, command: list[str],

@@ -1,12 +1,13 @@
 """A RunResult as one long CSV table (pandas): one row per sample, one per summary cell.
 
-Columns: kind (sample | summary | ratio | vs_best), shape, arm, ref, round, index, metric, unit,
+Columns: kind (sample | summary | ratio | vs_best | parity), shape, arm, ref, round, index, metric, unit,
 value, and for samples gpu_span_ns, kernels and external_id. A summary cell that holds
 one value per round (row medians, per-round ratios) becomes one row per round. Each arm's
 `floor_understated` row is 1 where it beat its floor (moebench.analysis.roofline.arm_floor: its
 fraction_of_read_bandwidth and times_floor rows are then bounds that did not hold), else 0.
 Where a run holds two of the stock and peer arms (moebench.analysis.stats.BEST_OF), `vs_best`
 rows give every arm against its shape's fastest of them (`ref` names it), as the tables do.
+`parity` rows are each oracle check (a run's, or `verify --out`'s, whose shape may name a case).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ RATIO_METRICS: dict[str, tuple[str, Callable[[RatioSummary], float | None]]] = {
 
 
 def result_frame(result: RunResult) -> pd.DataFrame:
-    rows = list(_sample_rows(result)) + list(_summary_rows(ResultIndex(result))) + list(_vs_best_rows(result))
+    rows = (list(_sample_rows(result)) + list(_summary_rows(ResultIndex(result))) + list(_vs_best_rows(result))
+            + list(_parity_rows(result)))
     frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
     for col in INTEGER_COLUMNS:  # straight from the ints: through float64 an id past 2**53 would change
         frame[col] = pd.array([r[col] for r in rows], dtype="Int64")
@@ -102,3 +104,21 @@ def _vs_best_rows(result: RunResult) -> Iterator[dict]:
         for metric, (unit, get) in RATIO_METRICS.items():
             yield _row(kind="vs_best", shape=b.shape, arm=b.arm, ref=b.best, metric=metric,
                        unit=unit.replace("ref", "best"), value=get(b.ratio))
+
+
+PARITY_METRICS: dict[str, tuple[str, Callable]] = {
+    "rel_l2": ("relative", lambda p: p.rel_l2),
+    "rel_l2_exact": ("relative", lambda p: p.rel_l2_exact),
+    "max_abs": ("abs", lambda p: p.max_abs),
+    "threshold": ("relative", lambda p: p.threshold),
+    "model_excess": ("x allowance", lambda p: p.model_excess),
+    "passed": ("flag", lambda p: float(p.passed)),
+}
+
+
+def _parity_rows(result: RunResult) -> Iterator[dict]:
+    for p in result.parity:
+        for metric, (unit, get) in PARITY_METRICS.items():
+            if get(p) is not None:
+                yield _row(kind="parity", shape=p.shape, arm=p.arm, ref=p.oracle, metric=metric, unit=unit,
+                           value=get(p))

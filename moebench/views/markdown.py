@@ -62,6 +62,11 @@ def render_markdown(result: RunResult, images: Sequence[Image] = ()) -> str:
         heading = f"### moebench determinism: {', '.join(result.settings.shapes)}"
         return "\n\n".join(p for p in (determinism_markdown(result.determinism, heading), _provenance(ix),
                                         _reproduce(ix)) if p) + "\n"
+    from moebench.views.parity_view import parity_markdown, parity_only
+    if parity_only(result):  # parity rows alone (`verify --out`)
+        heading = f"### moebench parity: {', '.join(result.settings.shapes)}"
+        return "\n\n".join(p for p in (parity_markdown(result.parity, heading), _provenance(ix),
+                                        _reproduce(ix)) if p) + "\n"
     parts = [_title(ix), _warnings(ix), _summary_table(ix), _sweep_floors(ix), method_sentence(result.settings),
              referee_markdown(result), placement_markdown(result), determinism_markdown(result.determinism),
              _per_round_table(ix), best_markdown(result),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from moebench.views.determinism_view import determinism_markdown
 from moebench.record.index import ResultIndex, mbytes, ratio, us
 from moebench.views.markdown import _table, _title, _warnings, bold_if, method_sentence, provenance_facts
+from moebench.views.parity_view import parity_markdown, parity_only
 from moebench.record.schema import RunResult
 from moebench.analysis.ratio_verdicts import ratio_verdicts
 from moebench.analysis.verdicts import is_win
@@ -41,6 +42,8 @@ def render_pr(result: RunResult, limit_bytes: int = PR_LIMIT_BYTES) -> str:
     if not result.samples and result.determinism:  # verdicts alone (`verify --determinism --out`)
         heading = f"### moebench determinism: {', '.join(result.settings.shapes)}"
         head = determinism_markdown(result.determinism, heading)
+    elif parity_only(result):  # parity rows alone (`verify --out`)
+        head = parity_markdown(result.parity, f"### moebench parity: {', '.join(result.settings.shapes)}")
     else:
         head = "\n\n".join(p for p in (_title(ix), _warnings(ix)) if p)
     rows = result_rows(ix)

@@ -281,6 +281,11 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
         console.print(determinism_table(result.determinism))
         if not result.samples:  # verdicts alone (`verify --determinism --out`)
             return
+    from moebench.views.parity_view import parity_only, parity_table
+    if parity_only(result):  # parity rows alone (`verify --out`)
+        gpu = result.provenance.gpu
+        console.print(parity_table(result.parity, gpu.name if gpu else "CPU"))
+        return
     partial = incomplete_text(result)
     if partial:
         console.print(Text(f"INCOMPLETE: {partial}", style="bold yellow"))

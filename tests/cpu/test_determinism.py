@@ -206,7 +206,6 @@ def test_verify_determinism_cli_writes_a_result_and_fails_on_a_planted_arm(tmp_p
 
 @pytest.mark.parametrize("argv,message", [
     (["--runs", "5"], "--runs applies only with --determinism"),
-    (["--out", "x.json"], "--out applies only with --determinism"),
     (["--determinism", "--edge-cases"], "--edge-cases checks parity"),
     (["--determinism", "--runs", "1"], "--runs must be at least 2"),
     (["--determinism", "--arm", "nonsense"], "expected NAME=module:factory"),

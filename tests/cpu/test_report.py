@@ -133,7 +133,11 @@ def test_csv_one_row_per_sample_and_per_summary_cell(synthetic):
         assert mine[mine.metric == "ratio_median"].value.item() == pytest.approx(r.median)
         assert mine[mine.metric == "rounds_won"].value.item() == r.rounds_won
         assert list(mine[mine.metric == "ratio_round"].value) == pytest.approx(list(r.per_round))
-    assert set(frame.kind) == {"sample", "summary", "ratio"}
+    parity = frame[frame.kind == "parity"]
+    for p in synthetic.parity:
+        mine = parity[(parity["shape"] == p.shape) & (parity["arm"] == p.arm)]
+        assert mine[mine.metric == "rel_l2"].value.item() == pytest.approx(p.rel_l2) and set(mine.ref) == {p.oracle}
+    assert set(frame.kind) == {"sample", "summary", "ratio"} | ({"parity"} if synthetic.parity else set())
 
 
 def test_csv_every_row_has_a_metric_and_unit(synthetic):
