@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moebench.analysis import significance as sig
-from moebench.errors import UserError
-from moebench.record.index import ResultIndex
 from moebench.analysis.ratio_verdicts import run_floor
 from moebench.analysis.roofline import understated_arms
-from moebench.record.schema import READABLE_VERSIONS, RunResult
 from moebench.analysis.throttle import ThrottlePlan, plan, run_throttle
 from moebench.analysis.verdicts import DEFAULT_CHANGE, Rules, Threshold, Verdict, judge, threshold_for
+from moebench.errors import UserError
+from moebench.record.index import ResultIndex
+from moebench.record.schema import READABLE_VERSIONS, RunResult
 
 __all__ = ["ArmComparison", "Comparison", "RatioComparison", "Rules", "Verdict", "compare_results", "gate"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moebench.record.schema import RunResult
 from moebench.analysis.verdicts import DEFAULT_CHANGE, Rules, Threshold, Verdict, judge
+from moebench.record.schema import RunResult
 
 CONFIDENCE = 0.95
 

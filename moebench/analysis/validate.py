@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from moebench.analysis.stats import fraction_of, summarize, summary_samples
+from moebench.analysis.validate_fields import field_problems, pattern_problems
 from moebench.record.determinism import determinism_problems
 from moebench.record.schema import STATISTICS_OVER, RunResult
-from moebench.analysis.validate_fields import field_problems, pattern_problems
-from moebench.analysis.stats import fraction_of, summarize, summary_samples
 from moebench.timing.audit import kernel_mismatch
 
 REL_TOL = 1e-4  # below what any view prints: ratios to 0.001, times to 0.01 µs

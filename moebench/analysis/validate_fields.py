@@ -13,8 +13,8 @@ import math
 import re
 from collections.abc import Callable, Iterable
 
-from moebench.choices import FLUSH_MODES
 from moebench.analysis.roofline import shape_floors
+from moebench.choices import FLUSH_MODES
 from moebench.record.schema import RunResult
 from moebench.timing.schedule import PLACEMENT_MODES
 

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from moebench.errors import UserError
 from moebench.analysis.throttle import POLICIES
+from moebench.errors import UserError
 
 
 class Verdict(str, enum.Enum):

@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from moebench.record import VERSION
 from moebench.errors import UserError
+from moebench.record import VERSION
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import click
-
 from typing import TYPE_CHECKING
+
+import click
 
 if TYPE_CHECKING:
     from moebench.fixtures import ShapeRegistry

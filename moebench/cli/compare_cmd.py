@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
+from moebench.analysis.verdicts import RULES_HELP, Rules, parse_fraction, parse_rules
+from moebench.choices import COMPARE_FORMAT_NAMES
 from moebench.cli.common import load_result, trust_stored_option, wide_option
 from moebench.errors import UserError
-from moebench.choices import COMPARE_FORMAT_NAMES
-from moebench.analysis.verdicts import RULES_HELP, Rules, parse_fraction, parse_rules
 
 
 class Fraction(click.ParamType):

@@ -8,7 +8,6 @@ import sys
 import click
 
 
-
 @click.command()
 @click.option("--cpu", "cpu_only", is_flag=True,
               help="Check only what CPU use needs (torch, the Triton interpreter, NVRTC, the compile cache).")
@@ -24,7 +23,8 @@ def doctor(cpu_only, calibrate, shape, out_dir):
     if calibrate:
         if cpu_only:
             raise click.UsageError("--calibrate times on the GPU; it does not go with --cpu")
-        from moebench.tasks.calibrate import calibrate as run_calibration, calibration_lines
+        from moebench.tasks.calibrate import calibrate as run_calibration
+        from moebench.tasks.calibrate import calibration_lines
         cal = run_calibration(shape, out_dir, command=("moebench", *sys.argv[1:]),
                               log=lambda m: click.echo(m, err=True))
         for line in calibration_lines(cal):

@@ -7,8 +7,7 @@ import json
 import click
 from rich.table import Table
 
-from moebench.cli.common import (balancedness_option, max_fixture_gb_option, registry, shape_option,
-                                 shapes_file_option)
+from moebench.cli.common import balancedness_option, max_fixture_gb_option, registry, shape_option, shapes_file_option
 from moebench.views.tables import make_console
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from moebench.choices import FLUSH_MODES, PROBE_OPS as OPS
+from moebench.choices import FLUSH_MODES
+from moebench.choices import PROBE_OPS as OPS
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER
 
 

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from moebench.cli.common import balancedness_option, pdl_option, shapes_file_option, triton_config_option
 from moebench.choices import FLUSH_MODES
+from moebench.cli.common import balancedness_option, pdl_option, shapes_file_option, triton_config_option
 from moebench.failures import RunFailed
 
 

@@ -8,34 +8,21 @@ from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from moebench.cli.common import (
-    balancedness_option,
-    max_fixture_gb_option,
-    pdl_option,
-    shape_option,
-    shapes_file_option,
-    triton_config_option,
-    tuned_option,
-    wide_option,
-)
-from moebench.errors import UserError
-from moebench.failures import audit_failure
 from moebench.choices import (DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_ROUNDS, DEFAULT_SAMPLES,
                               DETERMINISM_RUNS, FLUSH_MODES, ORDERS, REF_AA)
-from moebench.views.tables import findings_lines, make_console, print_tables
+from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
+                                 shapes_file_option, triton_config_option, tuned_option, wide_option)
+from moebench.errors import UserError
+from moebench.failures import audit_failure
 from moebench.timing.schedule import PLACEMENT_MODES
+from moebench.views.tables import findings_lines, make_console, print_tables
 
 if TYPE_CHECKING:
     from moebench.run.runner import RunRequest
+
 from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
 DEFAULT_SHAPES = ("A8", "A128", "Q8", "Q128")

@@ -7,11 +7,10 @@ import sys
 import click
 from rich.text import Text
 
+from moebench.choices import REL_L2_THRESHOLD
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
                                  shapes_file_option, triton_config_option, tuned_option)
-from moebench.cli.determinism_cmd import (check_determinism_flags, determinism_options, print_determinism,
-                                          write_checks)
-from moebench.choices import REL_L2_THRESHOLD
+from moebench.cli.determinism_cmd import check_determinism_flags, determinism_options, print_determinism, write_checks
 from moebench.views.parity_view import parity_table
 from moebench.views.tables import make_console
 

@@ -35,8 +35,8 @@ from moebench.errors import UserError
 from moebench.fixtures import Fixture, derive
 from moebench.fixtures.tokens import append_tokens, take_tokens
 from moebench.kernels.api.arm import Arm, PreparedCall
-from moebench.kernels.registry import load_builtin_arms, make_arms
 from moebench.kernels.api.parity import run_poisoned
+from moebench.kernels.registry import load_builtin_arms, make_arms
 from moebench.record.determinism import BatchRows, CrossProcess, DeterminismVerdict, RunToRun
 
 DEFAULT_RUNS = 20

@@ -16,8 +16,8 @@ def child_hash(request: dict) -> dict:
     import torch
 
     from moebench.determinism.checks import output_hash, run_once
-    from moebench.fixtures import Family, ShapeSpec, build_fixture
     from moebench.errors import UserError
+    from moebench.fixtures import Family, ShapeSpec, build_fixture
     from moebench.kernels.registry import external_arm_factories, make_arms
     spec = ShapeSpec(family=Family(**request["family"]), **request["spec"])
     fx = build_fixture(spec)

@@ -29,8 +29,7 @@ from moebench.errors import UserError
 from moebench.fixtures import Fixture
 from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall
 from moebench.kernels.build_specs import (BuildSpec, ResolvedBuild, build_keyword, parse_build_spec,  # noqa: F401
-                                          parse_define, read_at_revision, resolve_builds, resolve_revision,
-                                          source_arms)
+                                          parse_define, read_at_revision, resolve_builds, resolve_revision, source_arms)
 from moebench.kernels.registry import arms_in, load_builtin_arms
 
 # ---------------------------------------------------------------------------- host code at a revision

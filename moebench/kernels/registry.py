@@ -15,13 +15,13 @@ import types
 import torch
 
 from moebench.errors import UserError
+from moebench.kernels.api.arm import Arm, ArmFactory, marked_arm_name
+from moebench.kernels.api.external import external_arm_factory, parse_external_arm, register_entry_point_arms
 from moebench.kernels.cuda import arms as cuda_arms
 from moebench.kernels.cuda import fused_arm
 from moebench.kernels.peer import cublas_arm
-from moebench.kernels.stock import sglang_arm
 from moebench.kernels.stock import arms as triton_arms
-from moebench.kernels.api.arm import Arm, ArmFactory, marked_arm_name
-from moebench.kernels.api.external import external_arm_factory, parse_external_arm, register_entry_point_arms
+from moebench.kernels.stock import sglang_arm
 
 BUILTIN_MODULES = (cuda_arms, triton_arms, fused_arm, sglang_arm, cublas_arm)
 

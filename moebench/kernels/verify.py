@@ -16,8 +16,8 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, derive
 from moebench.kernels.api.arm import geometry_refusals
-from moebench.kernels.registry import make_arms
 from moebench.kernels.api.parity import Parity, References, check_parity
+from moebench.kernels.registry import make_arms
 
 EDGE_CASE_M = 64 + 3  # one past a multiple of the stock BLOCK_SIZE_M (64) and of every smaller one
 

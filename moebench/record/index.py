@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from moebench.record.schema import ArmInfo, ArmSummary, FixtureInfo, RatioSummary, RunResult, Sample
 from moebench.record.metrics import TimedMetric, timed_metric
+from moebench.record.schema import ArmInfo, ArmSummary, FixtureInfo, RatioSummary, RunResult, Sample
 
 
 class ResultIndex:

@@ -16,8 +16,8 @@ from typing import Any
 
 from moebench.record.determinism import DeterminismVerdict
 from moebench.record.plain import from_plain, to_plain  # noqa: F401  (the records' converters, used as S.*)
-from moebench.record.samples import (CLOCK_MOVE_TOLERANCE, Audit, AuditFinding, ClockSample, KernelRecord,  # noqa: F401
-                                     Sample)  # (a run's samples and their audit, used as S.*)
+from moebench.record.samples import Sample  # (a run's samples and their audit, used as S.*)
+from moebench.record.samples import CLOCK_MOVE_TOLERANCE, Audit, AuditFinding, ClockSample, KernelRecord  # noqa: F401
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # what `load` accepts: 1 differs only in fields 2 added with defaults

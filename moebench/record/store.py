@@ -15,10 +15,9 @@ import os
 import zlib
 from pathlib import Path
 
-from moebench.record.atomic import atomic_write, create_whole
 from moebench.errors import UserError
+from moebench.record.atomic import atomic_write, create_whole
 from moebench.record.schema import FORMAT, READABLE_VERSIONS, SCHEMA_VERSION, RunResult, from_plain, to_plain
-
 
 MAX_DEPTH = 64  # far deeper than any record; a file nested deeper was built to break the reader
 

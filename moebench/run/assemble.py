@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from moebench.timing.measure import Measurement
-from moebench.run.prepare import Subjects
-from moebench.record import schema as S
-from moebench.record.provenance import provenance
 from moebench.analysis.stats import summarize
+from moebench.record import schema as S
 from moebench.record.metrics import timed_metric
+from moebench.record.provenance import provenance
+from moebench.run.prepare import Subjects
+from moebench.timing.measure import Measurement
 
 
 def assemble(m: Measurement, subjects: Subjects, *, gpu: S.GpuInfo | None, command: tuple[str, ...],

@@ -46,12 +46,12 @@ def bench(callables: Mapping[str, Callable[[], None] | Sequence[Callable[[], Non
     hbm_bytes: bytes one call must move, for the bandwidth columns (0: not known).
     backend: a moebench.timing.measure.TimingBackend (tests pass a fake one); default the current CUDA device.
     """
-    from moebench.run.assemble import assemble, result_filename
     from moebench.kernels.api.arm import as_kernel_decls
-    from moebench.timing.measure import TimingProtocol, check_protocol, cuda_backend, measure
-    from moebench.run.prepare import Subjects
     from moebench.record.provenance import utc_now
+    from moebench.run.assemble import assemble, result_filename
+    from moebench.run.prepare import Subjects
     from moebench.timing.engine import Unit
+    from moebench.timing.measure import TimingProtocol, check_protocol, cuda_backend, measure
     names = tuple(callables)
     if not names:
         raise UserError("bench: no callables given")

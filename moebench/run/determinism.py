@@ -24,9 +24,9 @@ import torch
 
 from moebench.determinism.checks import across_processes, batch_sizes, check_prepared
 from moebench.failures import gpu_memory_guard
+from moebench.record.determinism import DeterminismVerdict
 from moebench.run.plan import ArmPlan
 from moebench.run.prepare import Made, Prepared
-from moebench.record.determinism import DeterminismVerdict
 
 
 def with_determinism(plan: ArmPlan, prep: Prepared, log: Callable[[str], None] = lambda m: None) -> Prepared:

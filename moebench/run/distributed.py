@@ -32,17 +32,17 @@ from typing import Callable
 
 import torch
 
-from moebench.record.atomic import atomic_write
+from moebench.analysis.load import load
 from moebench.errors import UserError
-from moebench.timing.measure import TimingBackend, cuda_backend
+from moebench.record import schema as S
+from moebench.record.atomic import atomic_write
+from moebench.record.provenance import utc_now
+from moebench.record.store import ensure_writable_dir, reserve_path, save
 from moebench.run.plan import RunRequest, plan_arms, validate, with_default_arms
 from moebench.run.prepare import RunFailed
-from moebench.record import schema as S
-from moebench.record.provenance import utc_now
-from moebench.analysis.load import load
-from moebench.record.store import ensure_writable_dir, reserve_path, save
 from moebench.run.sweep_cells import (Cell, Placement, assign, merge, request_from_plain, request_plain, run_cell,
-                                  sweep_cells)
+                                      sweep_cells)
+from moebench.timing.measure import TimingBackend, cuda_backend
 
 GATHER_TIMEOUT = timedelta(hours=24)  # the gather waits for the slowest rank's cells
 

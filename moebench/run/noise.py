@@ -23,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from moebench.analysis import significance as sig
+from moebench.analysis.load import load
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
 from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall
 from moebench.record.schema import RunResult, Sample
-from moebench.analysis.load import load
 
 COPY_SUFFIX = "#2"
 NOISE_CONFIDENCE = 0.95

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from moebench.run.assemble import result_filename
 from moebench.errors import UserError
 from moebench.record import schema as S
 from moebench.record.store import save, save_new
+from moebench.run.assemble import result_filename
 
 IN_PROGRESS = "in progress when written (a run killed here says no more)"
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}

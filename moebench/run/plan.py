@@ -24,21 +24,18 @@ from typing import Callable
 
 import torch
 
+# The defaults of the protocol, defined where `--help` reads them (moebench.choices).
+from moebench.choices import (DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_ROUNDS,  # noqa: F401
+                              DEFAULT_SAMPLES, DETERMINISM_RUNS, NO_AA, ORDERS, REF_AA)
 from moebench.errors import UserError
 from moebench.fixtures import ShapeRegistry
 from moebench.kernels.api.arm import ArmFactory
-from moebench.kernels.registry import default_arms, external_arm_factories, load_builtin_arms
 from moebench.kernels.builds import build_arm_factories, resolve_builds
-from moebench.timing.measure import TimingProtocol, check_protocol
+from moebench.kernels.registry import default_arms, external_arm_factories, load_builtin_arms
 from moebench.run.noise import check_noise_source, copy_factory, copy_label
-from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 from moebench.run.variants import parse_variant, variant_factory
-
-# The defaults of the protocol, defined where `--help` reads them (moebench.choices).
-from moebench.choices import (  # noqa: E402,F401
-    DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAULT_ROUNDS, DEFAULT_SAMPLES, DETERMINISM_RUNS, NO_AA, ORDERS,
-    REF_AA,
-)
+from moebench.timing.measure import TimingProtocol, check_protocol
+from moebench.timing.timers import DEFAULT_TIMER, RUN_TIMERS
 
 
 @dataclass(frozen=True)

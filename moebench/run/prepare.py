@@ -18,23 +18,23 @@ from typing import Callable
 import torch
 
 from moebench.errors import UserError
-from moebench.failures import (  # noqa: F401  (RunFailed: raised here, caught by the CLI)
-    ParityFailure, RunFailed, excluded_line, gpu_memory_guard, kernel_fault_guard, parity_exclusions, tensor_bytes)
+from moebench.failures import (ParityFailure, RunFailed,  # noqa: F401  (RunFailed: raised here, caught by the CLI)
+                               excluded_line, gpu_memory_guard, kernel_fault_guard, parity_exclusions, tensor_bytes)
 from moebench.fixtures import Fixture, build_fixture
 from moebench.fixtures.builder import TENSOR_FIELDS
 from moebench.fixtures.summary import fixture_summary
 from moebench.kernels.api.arm import Arm, PreparedCall, geometry_refusals
-from moebench.kernels.registry import make_arms
+from moebench.kernels.api.parity import References, check_parity
 from moebench.kernels.builds import compare_outputs
 from moebench.kernels.cuda.nvrtc import CudaBuildError
+from moebench.kernels.registry import make_arms
 from moebench.kernels.stock.engine_logs import ENGINE_MESSAGES, messages_line
-from moebench.kernels.api.parity import References, check_parity
-from moebench.run.noise import copied_fixture
-from moebench.run.plan import ArmPlan, Workload
-from moebench.timing.measure import TimingProtocol
 from moebench.record import schema as S
 from moebench.record.determinism import DeterminismVerdict
+from moebench.run.noise import copied_fixture
+from moebench.run.plan import ArmPlan, Workload
 from moebench.timing.engine import Unit
+from moebench.timing.measure import TimingProtocol
 
 # The default placements may take this share of the GPU's free memory (the rest is the timed
 # calls' headroom: the flush buffer is already allocated, workspaces are not).

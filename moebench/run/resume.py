@@ -16,11 +16,11 @@ import typing
 from pathlib import Path
 
 from moebench.errors import UserError
-from moebench.timing.measure import Measurement, TimingProtocol
-from moebench.run.plan import RunRequest
-from moebench.run.prepare import Subjects
 from moebench.record import schema as S
 from moebench.record.metrics import timed_metric
+from moebench.run.plan import RunRequest
+from moebench.run.prepare import Subjects
+from moebench.timing.measure import Measurement, TimingProtocol
 
 # Request fields that say nothing of what is measured: where results go, a safety limit.
 NOT_SETTINGS = ("out_dir", "max_fixture_gb", "command")

@@ -21,21 +21,21 @@ from typing import Callable
 
 import torch
 
-from moebench.run.assemble import assemble, result_filename
+from moebench.analysis.load import load
 from moebench.errors import UserError
 from moebench.failures import RunFailed, gpu_memory_guard
 from moebench.kernels.registry import make_arms
-from moebench.timing.measure import Measurement, TimingBackend, cuda_backend, measure
+from moebench.record import schema as S
+from moebench.record.provenance import package_sha256, utc_now
+from moebench.record.store import ensure_writable_dir
+from moebench.run.assemble import assemble, result_filename
+from moebench.run.determinism import with_determinism
 from moebench.run.noise import with_noise
 from moebench.run.partial import PartialSaver, RunInterrupted, stop_signals
 from moebench.run.plan import RunRequest, plan_arms, validate, validate_settings, with_default_arms, with_order_seed
 from moebench.run.prepare import prepare
-from moebench.record import schema as S
-from moebench.record.provenance import package_sha256, utc_now
-from moebench.analysis.load import load
-from moebench.record.store import ensure_writable_dir
-from moebench.run.determinism import with_determinism
 from moebench.run.resume import check_same, check_settings, earlier_measurement, request_plain, resumable_request
+from moebench.timing.measure import Measurement, TimingBackend, cuda_backend, measure
 
 __all__ = ["RunFailed", "RunInterrupted", "RunRequest", "TimingBackend", "planned", "result_filename", "resume",
            "run", "run_options"]

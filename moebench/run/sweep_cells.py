@@ -23,16 +23,16 @@ from typing import Callable, Sequence
 
 import torch
 
-from moebench.run.assemble import assemble
 from moebench.fixtures.builder import fixture_routes
-from moebench.timing.measure import Measurement, TimingBackend, measure
+from moebench.record import schema as S
+from moebench.record.metrics import timed_metric
+from moebench.record.provenance import provenance, utc_now
+from moebench.run.assemble import assemble
+from moebench.run.determinism import with_determinism
 from moebench.run.plan import ArmPlan, RunRequest, Workload
 from moebench.run.prepare import prepare
-from moebench.record import schema as S
-from moebench.record.provenance import provenance, utc_now
-from moebench.run.determinism import with_determinism
 from moebench.run.runner import run_options
-from moebench.record.metrics import timed_metric
+from moebench.timing.measure import Measurement, TimingBackend, measure
 
 # FLOPs that cost as much as one byte read from HBM, about, on an FP8 Hopper GPU (dense FP8
 # tensor peak over HBM bandwidth is a few hundred). It only orders cells for the sharding.

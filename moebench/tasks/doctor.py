@@ -163,8 +163,8 @@ def _nvrtc() -> str:
 
 
 def _cache() -> str:
-    from moebench.record.atomic import atomic_write
     from moebench.kernels.cuda.cache import cache_dir
+    from moebench.record.atomic import atomic_write
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)

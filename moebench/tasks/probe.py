@@ -96,8 +96,8 @@ def reduce_unit(mib: int, device: torch.device, sms: int | None = None) -> tuple
     reductions'."""
     import numpy as np
 
-    from moebench.kernels.cuda.nvrtc import compile_source
     from moebench.kernels.cuda.launch import bind_launch
+    from moebench.kernels.cuda.nvrtc import compile_source
     from moebench.kernels.cuda.source import KernelSource
     every = torch.cuda.get_device_properties(device).multi_processor_count
     if sms is not None and not 1 <= sms <= every:
@@ -126,8 +126,8 @@ def wgmma_unit(op: str, device: torch.device) -> tuple[Unit, DeclaredKernel, int
     the tensor cores' power, so the clock, depends on the operands)."""
     import numpy as np
 
-    from moebench.kernels.cuda.nvrtc import compile_source
     from moebench.kernels.cuda.launch import bind_launch, raise_shared_limit
+    from moebench.kernels.cuda.nvrtc import compile_source
     from moebench.kernels.cuda.source import KernelSource
     module = compile_source(KernelSource.shipped("sm90_wgmma_probe.cu"))
     name = OPS[op][0]

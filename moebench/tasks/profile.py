@@ -14,10 +14,10 @@ from typing import Callable
 
 from moebench.errors import UserError
 from moebench.kernels.registry import make_arms
-from moebench.timing.measure import MAX_SAMPLES, TimingBackend, cuda_backend, measure
+from moebench.record.schema import ParityInfo
 from moebench.run.plan import RunRequest, plan_arms, validate
 from moebench.run.prepare import prepare
-from moebench.record.schema import ParityInfo
+from moebench.timing.measure import MAX_SAMPLES, TimingBackend, cuda_backend, measure
 from moebench.timing.timers import Untimed
 
 

@@ -29,16 +29,15 @@ import torch
 from moebench.choices import TUNE_PASSES
 from moebench.errors import UserError
 from moebench.fixtures import Fixture, ShapeRegistry, build_fixture
-from moebench.kernels.stock.engine_config import TritonMoeConfig, resolve, stock_plan
 from moebench.kernels.api.parity import References, check_parity
-from moebench.kernels.stock.arms import (TRITON_KERNELS, _kernel_source_sha256, device_of, stock_call,
-                                          stock_workspace)
+from moebench.kernels.stock.arms import TRITON_KERNELS, _kernel_source_sha256, device_of, stock_call, stock_workspace
+from moebench.kernels.stock.engine_config import TritonMoeConfig, resolve, stock_plan
 from moebench.kernels.stock.tuned_tables import table_stem, tables_folder
-from moebench.timing.measure import TimingBackend, TimingProtocol, check_protocol, measure
-from moebench.timing.engine import Unit
-from moebench.tasks.tune_space import (SM90_SMEM_PER_BLOCK, GemmShape, Limits, block_m_moves, config_label,
-                                 expert_rows, moves)
+from moebench.tasks.tune_space import (SM90_SMEM_PER_BLOCK, GemmShape, Limits, block_m_moves, config_label, expert_rows,
+                                       moves)
 from moebench.tasks.tune_state import TuneState
+from moebench.timing.engine import Unit
+from moebench.timing.measure import TimingBackend, TimingProtocol, check_protocol, measure
 
 GEMM_DECL = {"up": (TRITON_KERNELS[0],), "down": (TRITON_KERNELS[3],)}
 

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moebench.record.atomic import atomic_write
 from moebench.errors import UserError
+from moebench.record.atomic import atomic_write
 
 STATE_FORMAT = "moebench-tune-state-1"
 

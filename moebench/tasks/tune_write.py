@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from moebench.record import VERSION
-from moebench.record.atomic import atomic_write
 from moebench.kernels.stock.engine_config import parse_entry
 from moebench.kernels.stock.tuned_tables import table_name, write_table
+from moebench.record import VERSION
+from moebench.record.atomic import atomic_write
 from moebench.tasks.tune_space import ENGINE_GRID, OWN_AXES
 
 PROVENANCE_FORMAT = "moebench-tune-provenance-1"

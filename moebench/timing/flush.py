@@ -24,9 +24,9 @@ from typing import Callable
 
 import torch
 
+from moebench.choices import FLUSH_MODES  # noqa: E402,F401  (defined where --help reads it)
 from moebench.errors import UserError
 
-from moebench.choices import FLUSH_MODES  # noqa: E402,F401  (defined where --help reads it)
 MIN_FLUSH_BYTES = 256 * 2**20  # what H200.md measured with; 4.3x the H200's 60 MiB L2
 
 

@@ -27,14 +27,14 @@ from typing import Callable, Sequence
 import torch
 
 from moebench.errors import UserError
-from moebench.timing.read_floor import ReadProbe, best_read
+from moebench.record.metrics import TimedMetric
 from moebench.record.schema import Audit, ClockSample, DeclaredKernel, GpuInfo, ReadFloor, Sample
 from moebench.timing.audit import audited, combined
 from moebench.timing.engine import EngineConfig, EngineOutput, Markers, NoMarkers, Unit, run_rounds
 from moebench.timing.flush import FLUSH_MODES, L2Flush
 from moebench.timing.graphs import SAMPLERS, graph_timer, graph_units, learn_flush_kernels
+from moebench.timing.read_floor import ReadProbe, best_read
 from moebench.timing.schedule import PLACEMENT_MODES
-from moebench.record.metrics import TimedMetric
 from moebench.timing.timers import CUDA_TIMERS, DEFAULT_TIMER, RUN_TIMERS, TimerStrategy
 
 PROBE_ID_BASE = 1 << 40  # external ids of the bandwidth probe, far from the run's
@@ -109,11 +109,11 @@ def cuda_backend(protocol: TimingProtocol) -> TimingBackend:
     """The real backend: the current CUDA device, the protocol's timer, NVML clocks, NVTX."""
     if not torch.cuda.is_available():
         raise UserError("no CUDA device visible: timing needs a GPU (see `moebench doctor`)")
-    from moebench.timing.read_floor import read_probe
     from moebench.record.provenance import gpu_info
     from moebench.timing.clocks import ClockSampler
     from moebench.timing.engine import nvtx_markers_or_none
     from moebench.timing.graphs import capture_cuda_graph
+    from moebench.timing.read_floor import read_probe
 
     timer = CUDA_TIMERS[protocol.timer]()  # chosen once; fails fast, before fixtures and compiles
     device = torch.device("cuda", torch.cuda.current_device())

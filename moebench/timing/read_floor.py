@@ -111,8 +111,8 @@ def read_probe(device, l2_bytes: int, configs: Sequence[ReadConfig] = READ_CONFI
     import numpy as np
     import torch
 
-    from moebench.kernels.cuda.nvrtc import compile_source
     from moebench.kernels.cuda.launch import bind_launch
+    from moebench.kernels.cuda.nvrtc import compile_source
     from moebench.kernels.cuda.source import KernelSource
     from moebench.record.schema import DeclaredKernel
     from moebench.timing.engine import Unit

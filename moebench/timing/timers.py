@@ -21,9 +21,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
+from moebench.record.metrics import EVENT_INTERVALS, KERNEL_RECORDS, UNTIMED, TimedMetric
 from moebench.record.schema import Audit, KernelRecord, Sample
 from moebench.timing.audit import Declared, audit_intervals, audit_samples
-from moebench.record.metrics import EVENT_INTERVALS, KERNEL_RECORDS, UNTIMED, TimedMetric
 from moebench.timing.records import RecordBatch, TaggedKernel, group_by_external_id, tag_kernels
 
 

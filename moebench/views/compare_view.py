@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from moebench.analysis.compare import Comparison, Verdict, gate
-from moebench.record.schema import to_plain
-from moebench.analysis.verdicts import is_win
-from moebench.views.tables import make_console
 from moebench.analysis.significance import RESAMPLES
+from moebench.analysis.verdicts import is_win
+from moebench.record.schema import to_plain
+from moebench.views.tables import make_console
 
 VERDICT_STYLE = {Verdict.FASTER: "green", Verdict.SLOWER: "bold red", Verdict.SAME: "", Verdict.NOISY: "yellow",
                  Verdict.AMBIGUOUS: "magenta"}

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 
 import pandas as pd
 
-from moebench.record.index import ResultIndex
 from moebench.analysis.roofline import arm_floor, shape_floors
-from moebench.record.schema import ArmSummary, RatioSummary, RunResult
+from moebench.record.index import ResultIndex
 from moebench.record.metrics import timed_metric
+from moebench.record.schema import ArmSummary, RatioSummary, RunResult
 
 COLUMNS = ("kind", "shape", "arm", "ref", "round", "index", "metric", "unit", "value",
            "gpu_span_ns", "kernels", "external_id")

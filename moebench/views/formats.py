@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from moebench.views.markdown import Image
-from moebench.record.schema import RunResult
 from moebench.record.metrics import timed_metric
+from moebench.record.schema import RunResult
+from moebench.views.markdown import Image
 
 Renderer = Callable[..., None]  # (result, out, images, *, wide=False): `wide` is for terminal tables
 
@@ -23,8 +23,8 @@ def _table(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: boo
 
 
 def _kernels(result: RunResult, out: TextIO, images: Sequence[Image], *, wide: bool = False) -> None:
-    from moebench.views.tables import kernel_table, make_console, referee_table
     from moebench.analysis.stats import kernel_summaries, referee_checks
+    from moebench.views.tables import kernel_table, make_console, referee_table
     console = make_console(out, wide)
     kernels = kernel_summaries(result)
     if not kernels:

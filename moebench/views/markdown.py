@@ -11,17 +11,17 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from moebench.views.determinism_view import det_text, determinism_markdown, verdicts_by_unit
-from moebench.record.index import ResultIndex, mbytes, mib, placement_cells, ratio, tb_per_s, us
-from moebench.analysis.roofline import arm_floor, shape_floors
-from moebench.views.roofline_view import (FLOOR_HEADER, floor_cells, floor_note, read_floor_text, share_text,
-                                           sweep_floor_rows, understated_note)
-from moebench.record.schema import RunResult, Settings
-from moebench.views.tables import best_cells, build_parity_by_arm, build_parity_text, incomplete_text
-from moebench.analysis.throttle import run_line
 from moebench.analysis.ratio_verdicts import ratio_verdicts
+from moebench.analysis.roofline import arm_floor, shape_floors
+from moebench.analysis.throttle import run_line
 from moebench.analysis.verdicts import is_win
+from moebench.record.index import ResultIndex, mbytes, mib, placement_cells, ratio, tb_per_s, us
 from moebench.record.metrics import timed_metric
+from moebench.record.schema import RunResult, Settings
+from moebench.views.determinism_view import det_text, determinism_markdown, verdicts_by_unit
+from moebench.views.roofline_view import (FLOOR_HEADER, floor_cells, floor_note, read_floor_text, share_text,
+                                          sweep_floor_rows, understated_note)
+from moebench.views.tables import best_cells, build_parity_by_arm, build_parity_text, incomplete_text
 
 
 @dataclass(frozen=True)

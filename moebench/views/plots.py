@@ -20,9 +20,9 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
+from moebench.analysis.roofline import FP8, UNDERSTATED, arm_floor, floor_series, shape_floors
 from moebench.record.atomic import atomic_write
 from moebench.record.index import ResultIndex
-from moebench.analysis.roofline import FP8, UNDERSTATED, arm_floor, floor_series, shape_floors
 
 FORMATS = ("png", "svg")
 STYLE = {

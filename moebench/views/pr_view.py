@@ -15,13 +15,13 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from moebench.views.determinism_view import determinism_markdown
-from moebench.record.index import ResultIndex, mbytes, ratio, us
-from moebench.views.markdown import _table, _title, _warnings, bold_if, method_sentence, provenance_facts
-from moebench.views.parity_view import parity_markdown, parity_only
-from moebench.record.schema import RunResult
 from moebench.analysis.ratio_verdicts import ratio_verdicts
 from moebench.analysis.verdicts import is_win
+from moebench.record.index import ResultIndex, mbytes, ratio, us
+from moebench.record.schema import RunResult
+from moebench.views.determinism_view import determinism_markdown
+from moebench.views.markdown import _table, _title, _warnings, bold_if, method_sentence, provenance_facts
+from moebench.views.parity_view import parity_markdown, parity_only
 
 PR_LIMIT_BYTES = 60_000  # under GitHub's 65,536 characters a comment, with room for a line of text
 FULL_REPORT = "moebench report {file} --format markdown"

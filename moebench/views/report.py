@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from moebench.record.atomic import atomic_write
 from moebench.errors import UserError
+from moebench.record.atomic import atomic_write
+from moebench.record.schema import RunResult
 from moebench.views.formats import FORMATS
 from moebench.views.markdown import Image
-from moebench.record.schema import RunResult
-
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
 
@@ -46,8 +45,8 @@ def make_report(result: RunResult, fmt: str, plot_dir: str | None = None, output
                 wide: bool = False) -> Report:
     """Render the report to the file `output`, else to `stream` (a terminal keeps its width and
     colours), else only into the returned text; and say which files were written."""
-    from moebench.record.index import ResultIndex
     from moebench.analysis.stats import with_ref
+    from moebench.record.index import ResultIndex
 
     if prefix and (any(sep in prefix for sep in ("/", "\\")) or ".." in prefix):
         raise UserError(f"--prefix {prefix!r}: a prefix of file names, without a folder or '..'")

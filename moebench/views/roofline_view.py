@@ -4,9 +4,9 @@ was taken at. Text only (rich and Markdown each lay it out); nothing is computed
 
 from __future__ import annotations
 
-from moebench.record.index import ResultIndex, percent, us
 from moebench.analysis.roofline import (FP8, HBM, UNDERSTATED, ArmFloor, ShapeFloors, arm_floor, floor_label,
-                                       shape_floors, understated_arms)
+                                        shape_floors, understated_arms)
+from moebench.record.index import ResultIndex, percent, us
 
 FLOOR_HEADER = ("HBM floor µs", "FP8 floor µs", "binding", "× floor")
 

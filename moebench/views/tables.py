@@ -12,16 +12,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from moebench.views.determinism_view import det_text, determinism_table, verdicts_by_unit
-from moebench.record.index import ResultIndex, placement_cells, us
-from moebench.analysis.roofline import shape_floors
-from moebench.analysis.roofline import arm_floor
-from moebench.views.roofline_view import FLOOR_HEADER, floor_cells, floor_note, share_text, sweep_floor_tables
-from moebench.record.schema import BuildParity, RunResult
-from moebench.analysis.throttle import run_line
 from moebench.analysis.ratio_verdicts import ratio_verdicts
+from moebench.analysis.roofline import arm_floor, shape_floors
+from moebench.analysis.throttle import run_line
 from moebench.analysis.verdicts import Verdict
+from moebench.record.index import ResultIndex, placement_cells, us
 from moebench.record.metrics import timed_metric
+from moebench.record.schema import BuildParity, RunResult
+from moebench.views.determinism_view import det_text, determinism_table, verdicts_by_unit
+from moebench.views.roofline_view import FLOOR_HEADER, floor_cells, floor_note, share_text, sweep_floor_tables
 
 
 def timer_label(result: RunResult) -> str:

@@ -19,7 +19,6 @@ from moebench.errors import UserError
 from moebench.fixtures import Fixture, ShapeSpec
 from moebench.record.schema import DeclaredKernel
 
-
 KernelDecl = DeclaredKernel  # what an arm declares is what its result stores
 
 

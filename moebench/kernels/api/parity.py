@@ -19,14 +19,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from moebench.fixtures import Fixture, fixture_reference, rel_l2_error
+# A fixed relative-L2 limit, used only where a user asks for one (--threshold); defined where --help reads it.
+from moebench.choices import REL_L2_THRESHOLD  # noqa: E402,F401
 from moebench.errors import UserError
+from moebench.fixtures import Fixture, fixture_reference, rel_l2_error
 from moebench.fixtures.error_model import ErrorTerms, error_model, error_terms
 from moebench.kernels.api.arm import PreparedCall
 from moebench.record.schema import ParityInfo
-
-# A fixed relative-L2 limit, used only where a user asks for one (--threshold); defined where --help reads it.
-from moebench.choices import REL_L2_THRESHOLD  # noqa: E402,F401
 
 # The error model's check (moebench.fixtures.error_model): the residual energy over each scale
 # against TAU times the variance the model allows there. The variances are bounds (half an ulp at

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from moebench.record.atomic import atomic_write
 from moebench.errors import UserError
+from moebench.record.atomic import atomic_write
 
 CACHE_FORMAT = "moebench-cuda-cache-v2"
 

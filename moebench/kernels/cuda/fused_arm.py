@@ -30,24 +30,23 @@ from moebench.errors import UserError
 from moebench.fixtures import Fixture, RoutePlan, route_plan
 from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
 from moebench.kernels.cuda.fused_checks import MAX_E, MAX_TOP_K, geometry_refusal, validate  # noqa: F401
-from moebench.kernels.cuda.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
-                                           FusedWeights, prepare_fused_weights)
-from moebench.kernels.cuda.fused_prefill import SOURCE as PREFILL_SOURCE
-from moebench.kernels.cuda.fused_prefill import BLOCK_M as PREFILL_BLOCK_M
-from moebench.kernels.cuda.fused_prefill import (GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS,
-                                            choose_path, prefill_overlaps, prepare_prefill_call)
-from moebench.kernels.cuda.fused_policy import (MAX_BLOCK_M, MAX_BLOCK_M_ALONE, SMEM_PER_CTA, SMEM_PER_SM,  # noqa: F401
-                                                STG_ROW, THREADS, can_sum_fp32, check_sums, choose_stages,
-                                                summing_mode, cluster_policy, ctas_per_sm, default_block_m,
-                                                build_occupancies, deterministic_occupancies, kernel_defines,
-                                                launch_blocks, occupancies, pick_occupancy, shared_bytes,
-                                                tail_launch, x_row, zeroes_in_kernel)
-from moebench.kernels.cuda.source import KernelSource
 from moebench.kernels.cuda.fused_launch import (COMBINE_NAME, DONE_COUNT, KERNEL_NAME, SOURCE, WORK_INTS,  # noqa: F401
                                                 ZERO_COUNT, ZERO_NAME, ZERO_SPAN, bind_zero, build_fused,
                                                 can_zero_in_kernel, check_zero, fused_moe, launch_options,
                                                 make_fused_launch, place_launch, shipped_source, zeroing_mode)
-
+from moebench.kernels.cuda.fused_layout import (CLUSTERS, DEFAULT_CLUSTER, FP8, GROUP, LAYOUT,  # noqa: F401
+                                                FusedWeights, prepare_fused_weights)
+from moebench.kernels.cuda.fused_policy import (MAX_BLOCK_M, MAX_BLOCK_M_ALONE, SMEM_PER_CTA, SMEM_PER_SM,  # noqa: F401
+                                                STG_ROW, THREADS, build_occupancies, can_sum_fp32, check_sums,
+                                                choose_stages, cluster_policy, ctas_per_sm, default_block_m,
+                                                deterministic_occupancies, kernel_defines, launch_blocks, occupancies,
+                                                pick_occupancy, shared_bytes, summing_mode, tail_launch, x_row,
+                                                zeroes_in_kernel)
+from moebench.kernels.cuda.fused_prefill import BLOCK_M as PREFILL_BLOCK_M
+from moebench.kernels.cuda.fused_prefill import GROUPED_MIN_K, GROUPED_SLOTS_PER_EXPERT, MIN_TOKENS_PER_EXPERT, PATHS
+from moebench.kernels.cuda.fused_prefill import SOURCE as PREFILL_SOURCE
+from moebench.kernels.cuda.fused_prefill import choose_path, prefill_overlaps, prepare_prefill_call
+from moebench.kernels.cuda.source import KernelSource
 
 # ------------------------------------------------------------------------------ the arm
 

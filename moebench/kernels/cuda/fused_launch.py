@@ -13,14 +13,13 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import RoutePlan
-from moebench.kernels.cuda.fused_checks import validate
 from moebench.kernels.cuda.fused_checks import need as _need
+from moebench.kernels.cuda.fused_checks import validate
 from moebench.kernels.cuda.fused_layout import GROUP, FusedWeights
-from moebench.kernels.cuda.fused_policy import (SMEM_PER_CTA, THREADS, ZERO_MODES, choose_stages, summing_mode,
-                                                cluster_policy, ctas_per_sm, build_occupancies, kernel_defines,
-                                                launch_blocks, pick_occupancy, shared_bytes, zeroes_in_kernel)
+from moebench.kernels.cuda.fused_policy import (SMEM_PER_CTA, THREADS, ZERO_MODES, build_occupancies, choose_stages,
+                                                cluster_policy, ctas_per_sm, kernel_defines, launch_blocks,
+                                                pick_occupancy, shared_bytes, summing_mode, zeroes_in_kernel)
 from moebench.kernels.cuda.source import KernelSource
-
 
 SOURCE = "sm90_fused_moe.cu"
 KERNEL_NAME = "moebench_fused_moe"
@@ -283,8 +282,8 @@ def bind_zero(module, device_index: int, out: torch.Tensor):
     is launched as its programmatic dependent."""
     import numpy as np
 
-    from moebench.kernels.cuda.nvrtc import need_kernels
     from moebench.kernels.cuda.launch import bind_launch
+    from moebench.kernels.cuda.nvrtc import need_kernels
     need_kernels(module, (ZERO_NAME,), SOURCE, "cuda-fused launch")  # (e.g. a --build of an older copy)
     n16 = out.numel() * out.element_size() // 16
     grid = (max(1, min(ZERO_CTAS, -(-n16 // 256))), 1, 1)

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from moebench.fixtures import RoutePlan
-from moebench.kernels.cuda.fused_checks import MAX_E, MAX_TOP_K
-from moebench.kernels.cuda.fused_checks import check_plan
+from moebench.kernels.cuda.fused_checks import MAX_E, MAX_TOP_K, check_plan
 from moebench.kernels.cuda.fused_checks import need as _need
 from moebench.kernels.cuda.fused_layout import FP8, GROUP
 

@@ -17,11 +17,11 @@ import re
 import struct
 from pathlib import Path
 
-from moebench.kernels.cuda.cache import (CACHE_FORMAT, CudaBuild, KernelResources, build_key,  # noqa: F401
-                                         cache_dir, get_or_build, sources_dir)
+from moebench.kernels.cuda.cache import (CACHE_FORMAT, CudaBuild, KernelResources, build_key, cache_dir,  # noqa: F401
+                                         get_or_build, sources_dir)
 from moebench.kernels.cuda.launch import device_index
-from moebench.kernels.cuda.source import (KERNELS_DIR, KernelSource, include_closure,  # noqa: F401
-                                            local_headers, materialize)
+from moebench.kernels.cuda.source import (KERNELS_DIR, KernelSource, include_closure, local_headers,  # noqa: F401
+                                          materialize)
 
 DEFAULT_ARCH = "sm_90a"
 BASE_FLAGS = ("-std=c++17", "--ptxas-options=-v")

@@ -107,8 +107,8 @@ class KernelSource:
 def materialize(source: KernelSource, root: Path) -> Path:
     """Write the source and its headers to `root/<content hash>/` (content-addressed, so a
     folder once written never changes); returns the source file's path."""
-    from moebench.record.atomic import atomic_write
     from moebench.errors import UserError
+    from moebench.record.atomic import atomic_write
     folder = root / source.content_sha256()[:24]
     try:
         for name, body in ((source.filename, source.text), *source.headers):

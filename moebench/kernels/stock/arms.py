@@ -36,8 +36,8 @@ from moebench.errors import UserError
 from moebench.fixtures import Fixture, RoutePlan, engine_plan_capacity, route_plan
 from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
 from moebench.kernels.stock.engine_config import (DEFAULT_CONFIG, SWAP_AB_RULE, ConfigTable, Device, StockPlan,
-                                            TritonMoeConfig, load_config_file, resolve, sorted_rows,
-                                            stock_plan, swap_ab_rule)
+                                                  TritonMoeConfig, load_config_file, resolve, sorted_rows, stock_plan,
+                                                  swap_ab_rule)
 
 KERNEL_MODULE = "moebench.kernels.stock.moe"
 # Every module of @triton.jit functions, in import order (each imports the ones before it).
@@ -113,6 +113,7 @@ TRITON_KERNELS = (
 def device_of(device: torch.device) -> Device:
     """What the engines' rules read off the device; off the GPU a stand-in with no SM90 and no PDL."""
     import triton
+
     from moebench.kernels.stock.moe import tensor_descriptors_available
     device = torch.device(device)
     if device.type == "cuda":

@@ -46,8 +46,8 @@ import triton
 import triton.language as tl
 
 from moebench.kernels.stock.moe_gemm import (QUANT_GROUP, check_rowmajor, launch_moe_gemm,  # noqa: F401
-                                              moebench_moe_gemm1, moebench_moe_gemm2, set_tma_allocator,
-                                              tensor_descriptor, tensor_descriptors_available)
+                                             moebench_moe_gemm1, moebench_moe_gemm2, set_tma_allocator,
+                                             tensor_descriptor, tensor_descriptors_available)
 from moebench.kernels.stock.rounding import INTERPRETED, exact_bf16, exact_e4m3
 
 FP8_MAX = 448.0  # largest finite e4m3 magnitude

@@ -36,8 +36,8 @@ import torch
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
 from moebench.kernels.api.arm import Arm, KernelDecl, PreparedCall, register_arm
-from moebench.kernels.stock.engine_logs import ENGINE_MESSAGES, captured_engine_messages
 from moebench.kernels.stock.arms import TRITON_KERNELS, interpreter_requested, stock_workspace
+from moebench.kernels.stock.engine_logs import ENGINE_MESSAGES, captured_engine_messages
 
 KERNEL_MODULE = "sglang.kernels.ops.moe.fused_moe_triton_kernels"
 CONFIG_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"

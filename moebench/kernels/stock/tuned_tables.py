@@ -21,9 +21,9 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from moebench.record.atomic import atomic_write
 from moebench.errors import UserError
 from moebench.kernels.stock.engine_config import ConfigTable, TritonMoeConfig, base_version, load_config_file
+from moebench.record.atomic import atomic_write
 
 DTYPE = "fp8_w8a8"
 BLOCK_SHAPE = (128, 128)
