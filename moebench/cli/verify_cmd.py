@@ -30,9 +30,10 @@ from moebench.views.tables import make_console
               help="A fixed largest relative L2 error that passes, instead of each arm's error model "
                    f"(e.g. {REL_L2_THRESHOLD:g}).")
 @max_fixture_gb_option
+@click.option("--wide", is_flag=True, help="Every column of the parity table (magnitudes, NaN/Inf, threshold).")
 @determinism_options
 def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_config, tuned, pdl, seed, edge_cases, threshold,
-                   max_fixture_gb, determinism, runs, out, cross_process, external_arms):
+                   max_fixture_gb, wide, determinism, runs, out, cross_process, external_arms):
     """Check arms against the torch oracle on inputs they were not tuned on; exit 1 on a failure.
     With no --arms, every built-in arm that can run here. With --determinism, check instead that
     each arm's output is the same bits run to run, inside larger batches and in a fresh process."""
@@ -50,7 +51,7 @@ def verify_command(shapes, shapes_file, balancedness, arms, interpret, triton_co
                                                       command=["moebench", *sys.argv[1:]], log=log)
         return print_determinism(console, verdicts, result, device, interpret, out)
     rows, device, result = verify(req, log=log, command=["moebench", *sys.argv[1:]])
-    console.print(parity_table(rows, "CPU interpreter" if interpret else str(device)))
+    console.print(parity_table(rows, "CPU interpreter" if interpret else str(device), wide))
     write_checks(result, out)
     failed = [r for r in rows if not r.passed]
     if failed:

@@ -15,20 +15,27 @@ def parity_only(result) -> bool:
     return not result.samples and bool(result.parity) and result.settings.timer == "none"
 
 
-def parity_table(rows: Sequence[ParityInfo], where: str) -> Table:
+# threshold: the relative L2 the arm's error model allows over the whole output (or --threshold);
+# excess: the residual over the error model's allowance at its worst place (<= 1 passes)
+WIDE_ONLY = ("max abs err", "ref max abs", "NaN/Inf", "threshold")
+
+
+def parity_table(rows: Sequence[ParityInfo], where: str, wide: bool = False) -> Table:
+    """Shape, arm, oracle, the distances, the excess and the verdict (with its reason): within
+    100 columns; `wide` adds the magnitudes, the non-finite count and the threshold."""
     t = Table(title=f"parity against the oracle ({where})", title_justify="left")
     for col in ("shape", "arm", "oracle"):
         t.add_column(col, no_wrap=True)
-    # threshold: the relative L2 the arm's error model allows over the whole output (or --threshold)
-    # excess: the residual over the error model's allowance at its worst place (<= 1 passes)
-    for col in ("rel L2", "max abs err", "ref max abs", "NaN/Inf", "threshold", "excess", "rel L2 vs exact"):
-        t.add_column(col, justify="right")
+    columns = ("rel L2", *(WIDE_ONLY if wide else ()), "excess", "vs exact")
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True)
     t.add_column("result")
     for r in rows:
         result = Text("ok", style="green") if r.passed else Text.assemble(("FAIL", "red"), f" {r.reason()}")
-        t.add_row(r.shape, r.arm, r.oracle, f"{r.rel_l2:.2e}", f"{r.max_abs:.2e}", _num(r.ref_max_abs),
-                  str(r.nonfinite), f"{r.threshold:.2e}", "—" if r.model_excess is None else f"{r.model_excess:.3f}",
-                  _num(r.rel_l2_exact), result)
+        cells = {"rel L2": f"{r.rel_l2:.2e}", "max abs err": f"{r.max_abs:.2e}", "ref max abs": _num(r.ref_max_abs),
+                 "NaN/Inf": str(r.nonfinite), "threshold": f"{r.threshold:.2e}",
+                 "excess": "—" if r.model_excess is None else f"{r.model_excess:.3f}", "vs exact": _num(r.rel_l2_exact)}
+        t.add_row(r.shape, r.arm, r.oracle, *(cells[c] for c in columns), result)
     return t
 
 

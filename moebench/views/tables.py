@@ -283,7 +283,7 @@ def print_tables(result: RunResult, console: Console | None = None, *, kernels: 
     from moebench.views.parity_view import parity_only, parity_table
     if parity_only(result):  # parity rows alone (`verify --out`)
         gpu = result.provenance.gpu
-        console.print(parity_table(result.parity, gpu.name if gpu else "CPU"))
+        console.print(parity_table(result.parity, gpu.name if gpu else "CPU", wide))
         return
     partial = incomplete_text(result)
     if partial:

@@ -48,3 +48,13 @@ def test_a_forged_verdict_or_stray_row_is_refused(checked, tmp_path):
     forged.write_text(json.dumps(data))
     code, _, err = run_cli(["report", str(forged)])
     assert code == 2 and "parity[Q8 triton]: shape or arm not in the settings" in err, err
+
+
+def test_the_parity_table_fits_100_columns_and_wide_adds_the_rest(checked, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, _ = run_cli(["report", str(checked)])
+    assert code == 0 and "T8 M=67" in out and "threshold" not in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli(["report", str(checked), "--wide"])
+    assert code == 0 and all(col in out for col in ("max abs err", "NaN/Inf", "threshold", "vs exact"))
