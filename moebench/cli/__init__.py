@@ -48,6 +48,8 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 def _fail(message: str, code: int = 2) -> None:
+    if _interrupts:  # the error came after a Ctrl-C a library swallowed: the user stopped the command
+        _interrupted()
     print(f"moebench: {message}", file=sys.stderr)
     sys.exit(code)
 
@@ -98,8 +100,14 @@ def main(argv: list[str] | None = None) -> None:
         _take_over_interrupts()
         args = list(sys.argv[1:] if argv is None else argv)
         code = cli.main(args=args, prog_name="moebench", standalone_mode=False, obj={"argv": args})
+        if _interrupts:  # a library swallowed the KeyboardInterrupt and the command went on: still a Ctrl-C
+            _interrupted()
     except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C at any point, imports included
         _interrupted()
+    except SystemExit:  # a command's own exit (a failed check: 1) after a swallowed Ctrl-C is still 130
+        if _interrupts:
+            _interrupted()
+        raise
     except click.UsageError as err:  # bad flag, missing argument: one line, exit 2
         _fail(f"error: {err.format_message()}")
     except UserError as err:

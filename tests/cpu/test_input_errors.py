@@ -265,3 +265,36 @@ def test_ctrl_c_at_any_point_is_one_line_and_exit_130():
         assert proc.returncode == 130 and _one_line(text) == "moebench: interrupted", (delay, proc.returncode, text)
         interrupted += 1
     assert interrupted >= 2  # the early windows at least were hit
+
+
+_SWALLOWING_COMMAND = """
+import os, signal, sys
+import click
+from moebench import cli as mcli
+
+@click.command("swallow")
+@click.option("--then", default="ok")
+def swallow(then):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while a library works ...
+        sum(range(10_000))  # (the handler runs here, between bytecodes)
+    except BaseException:  # ... which swallows the KeyboardInterrupt and goes on
+        pass
+    if then == "fail":
+        raise SystemExit(1)
+    if then == "error":
+        from moebench.errors import UserError
+        raise UserError("a later mistake")
+
+mcli.cli.add_command(swallow)
+mcli.main(["swallow", "--then", sys.argv[1]])
+"""
+
+
+@pytest.mark.parametrize("then", ["ok", "fail", "error"])
+def test_a_ctrl_c_a_library_swallowed_still_ends_the_command_as_interrupted(then):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _SWALLOWING_COMMAND, then], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130 and proc.stderr.strip() == "moebench: interrupted", (proc.returncode, proc.stderr)
