@@ -100,12 +100,14 @@ def main(argv: list[str] | None = None) -> None:
         _take_over_interrupts()
         args = list(sys.argv[1:] if argv is None else argv)
         code = cli.main(args=args, prog_name="moebench", standalone_mode=False, obj={"argv": args})
-        if _interrupts:  # a library swallowed the KeyboardInterrupt and the command went on: still a Ctrl-C
+        # a library swallowed the KeyboardInterrupt and the command went on: still a Ctrl-C (unless the
+        # command ended as interrupted itself, its line said: a run's partial file)
+        if _interrupts and code != INTERRUPTED:
             _interrupted()
     except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C at any point, imports included
         _interrupted()
-    except SystemExit:  # a command's own exit (a failed check: 1) after a swallowed Ctrl-C is still 130
-        if _interrupts:
+    except SystemExit as exit_:  # a command's own exit (a failed check: 1) after a swallowed Ctrl-C is 130
+        if _interrupts and exit_.code != INTERRUPTED:  # (one that says so itself has said its line)
             _interrupted()
         raise
     except click.UsageError as err:  # bad flag, missing argument: one line, exit 2
