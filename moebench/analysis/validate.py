@@ -46,6 +46,9 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     for f in result.fixtures:
         if f.floors.hbm_bytes <= 0 or f.floors.flops <= 0:
             out.append(f"fixtures[{f.name}].floors: HBM bytes and FLOPs must be positive")
+    described = {f.name for f in result.fixtures}  # a timed shape's floors come from its fixture
+    out += [f"samples at {shape}: no fixture describes that shape"
+            for shape in sorted({x.shape for x in result.samples} - described)]
     shapes, arms = set(s.shapes), set(s.arms)
     out += [f"determinism[{v.shape} {v.arm}]: shape or arm not in the settings" for v in result.determinism
             if v.shape not in shapes or v.arm not in arms]
