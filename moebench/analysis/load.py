@@ -5,6 +5,7 @@ is refused in one line, unless the caller trusts it as stored and reports
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from moebench.analysis.validate import problems
@@ -35,4 +36,18 @@ def load(path: str | Path, *, trust_stored: bool = False) -> RunResult:
             more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
             raise UserError(f"{path}: disagrees with its own samples or fields: {found[0]}{more}; "
                             "--trust-stored reads it anyway")
+        result = _unfloored(result)
     return result
+
+
+def _unfloored(result: RunResult) -> RunResult:
+    """A shape with no fixture has no floor bytes, so its stored bandwidth cannot be derived
+    from anything in the file (files written by scripts before runs recorded their fixtures, or
+    one whose fixture was cut out): it is read as unknown and every view shows "—"."""
+    floored = {f.name for f in result.fixtures}
+    if all(s.shape in floored for s in result.summaries):
+        return result
+    return dataclasses.replace(result, summaries=tuple(
+        s if s.shape in floored else
+        dataclasses.replace(s, hbm_bandwidth_bytes_per_s=None, fraction_of_read_bandwidth=None)
+        for s in result.summaries))

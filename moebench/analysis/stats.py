@@ -46,11 +46,11 @@ def bandwidth_bytes_per_s(nbytes: int, duration_ns: float) -> float:
     return nbytes / (duration_ns * 1e-9) if duration_ns > 0 else 0.0
 
 
-def fraction_of(bandwidth: float, reference: float | None) -> float | None:
-    return bandwidth / reference if reference else None
+def fraction_of(bandwidth: float | None, reference: float | None) -> float | None:
+    return bandwidth / reference if reference and bandwidth is not None else None
 
 
-def arm_summary(shape: str, arm: str, samples: Sequence[Sample], hbm_bytes: int,
+def arm_summary(shape: str, arm: str, samples: Sequence[Sample], hbm_bytes: int | None,
                 read_bandwidth_bytes_per_s: float | None = None,
                 rows: Mapping[int, float] | None = None) -> ArmSummary:
     """Summary of one arm at one shape from its samples (value_ns: gpu_busy or events);
@@ -62,7 +62,7 @@ def arm_summary(shape: str, arm: str, samples: Sequence[Sample], hbm_bytes: int,
     med = arm_median(rows)
     spans = [s.gpu_span_ns for s in samples if s.kernels]
     sums = rows_by_round((s.round, s.gpu_sum_ns) for s in samples if s.kernels)
-    bw = bandwidth_bytes_per_s(hbm_bytes, med)
+    bw = bandwidth_bytes_per_s(hbm_bytes, med) if hbm_bytes else None  # no fixture: no floor bytes
     return ArmSummary(
         shape=shape, arm=arm, median_ns=med, row_medians_ns=tuple(rows.values()),
         min_ns=min(rows.values()), max_ns=max(rows.values()), samples=len(samples),
@@ -100,7 +100,7 @@ def summarize(samples: Sequence[Sample], shapes: Sequence[str], arms: Sequence[s
             if not unit:
                 continue
             rows[arm] = rows_by_round((s.round, s.value_ns) for s in unit)
-            summaries.append(arm_summary(shape, arm, unit, hbm_bytes.get(shape, 0), read_bandwidth_bytes_per_s,
+            summaries.append(arm_summary(shape, arm, unit, hbm_bytes.get(shape), read_bandwidth_bytes_per_s,
                                          rows=rows[arm]))
         if ref in rows:
             ratios.extend(ratio_summary(shape, ref, arm, rows[ref], rows[arm]) for arm in arms

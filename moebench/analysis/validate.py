@@ -46,9 +46,12 @@ def problems(result: RunResult, limit: int = 20) -> list[str]:
     for f in result.fixtures:
         if f.floors.hbm_bytes <= 0 or f.floors.flops <= 0:
             out.append(f"fixtures[{f.name}].floors: HBM bytes and FLOPs must be positive")
-    described = {f.name for f in result.fixtures}  # a timed shape's floors come from its fixture
+    # a run's timed shapes take their floors from their fixtures: a file that describes some
+    # describes them all (`bench` and files written by scripts hold none; load shows their
+    # bandwidths as unknown)
+    described = {f.name for f in result.fixtures}
     out += [f"samples at {shape}: no fixture describes that shape"
-            for shape in sorted({x.shape for x in result.samples} - described)]
+            for shape in sorted({x.shape for x in result.samples} - described) if described]
     shapes, arms = set(s.shapes), set(s.arms)
     out += [f"determinism[{v.shape} {v.arm}]: shape or arm not in the settings" for v in result.determinism
             if v.shape not in shapes or v.arm not in arms]
@@ -194,10 +197,8 @@ def _same(stored, derived) -> bool:
     return stored == derived
 
 
-# Bandwidths need the fixture's floor bytes. Files written by scripts before results carried
-# their fixtures have none; their bandwidth cannot be redone and is shown as stored. A file that
-# carries fixtures must carry one for each of its shapes (validate_fields), so deleting one
-# does not open this door.
+# Bandwidths need the fixture's floor bytes. Files written by scripts hold no fixtures; their
+# bandwidth cannot be redone, so it is not compared here and load reads it as unknown.
 NO_FLOORS = ("hbm_bandwidth_bytes_per_s", "fraction_of_read_bandwidth")
 
 

@@ -145,7 +145,7 @@ def _summaries(r: RunResult) -> Iterable[str]:
     for s in r.summaries:
         where = f"summaries[{s.shape} {s.arm}]"
         times = (s.median_ns, s.min_ns, s.max_ns, *s.row_medians_ns)
-        if min(times) < 0 or s.samples < 1 or s.hbm_bandwidth_bytes_per_s < 0 \
+        if min(times) < 0 or s.samples < 1 or (s.hbm_bandwidth_bytes_per_s or 0.0) < 0 \
                 or min(x for x in (s.span_median_ns, s.sum_median_ns, s.fraction_of_read_bandwidth, 0.0)
                        if x is not None) < 0:
             yield f"{where}: a negative time, bandwidth or fraction, or no samples"

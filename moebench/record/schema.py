@@ -215,7 +215,7 @@ class ArmSummary:
     max_ns: float
     samples: int
     span_median_ns: float | None  # gpu_span (CUPTI only)
-    hbm_bandwidth_bytes_per_s: float  # floor bytes / median time
+    hbm_bandwidth_bytes_per_s: float | None  # floor bytes / median time (None: no fixture, read as unknown)
     fraction_of_read_bandwidth: float | None  # of the measured device read bandwidth
     sum_median_ns: float | None = None  # gpu_sum, median of rows (CUPTI only): > median_ns when kernels overlap
 

@@ -43,7 +43,8 @@ def bench(callables: Mapping[str, Callable[[], None] | Sequence[Callable[[], Non
     reset: per name, an untimed call before every sample (e.g. zero an accumulating output); one
         for every copy, or a list with one per copy.
     ref: the name ratios are taken against (default: the first). label: the "shape" column.
-    hbm_bytes: bytes one call must move, for the bandwidth columns (0: not known).
+    hbm_bytes: bytes one call must move, for the bandwidth columns of the returned result (0: not
+        known). The file holds no fixture to derive them from again, so a loaded file shows "—".
     backend: a moebench.timing.measure.TimingBackend (tests pass a fake one); default the current CUDA device.
     """
     from moebench.kernels.api.arm import as_kernel_decls

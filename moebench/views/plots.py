@@ -111,7 +111,7 @@ def bandwidth_plot(ix: ResultIndex) -> Plot:
         xs, ys, labels = [], [], []
         for i, shape in enumerate(ix.shapes):
             s = ix.summary(shape, arm)
-            if s is None:
+            if s is None or s.hbm_bandwidth_bytes_per_s is None:  # no fixture: no floor bytes
                 continue
             xs.append(i - 0.4 + (j + 0.5) * width)
             ys.append(100 * s.fraction_of_read_bandwidth if as_fraction else s.hbm_bandwidth_bytes_per_s / 1e12)
