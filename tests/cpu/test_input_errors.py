@@ -80,6 +80,25 @@ def test_a_forged_number_is_refused_naming_its_field(tmp_path, good, label):
     _refused(tmp_path, forged, needle)
 
 
+def test_a_bandwidth_no_fixture_derives_is_shown_as_unknown(tmp_path):
+    # One shape, its one fixture cut out: the file now looks like one a script wrote, so it
+    # loads, but the stored bandwidth has no floor bytes behind it and no view prints it.
+    one = make_result(shapes=("A8",), rounds=3, samples=4)
+    assert one.summaries[0].hbm_bandwidth_bytes_per_s > 0
+    path = store.save(replace(one, fixtures=()), tmp_path / "cut.json")
+    from moebench.analysis.load import load
+    loaded = load(path)
+    assert all(s.hbm_bandwidth_bytes_per_s is None and s.fraction_of_read_bandwidth is None
+               for s in loaded.summaries)
+    assert [s.median_ns for s in loaded.summaries] == [s.median_ns for s in one.summaries]
+    whole = store.save(one, tmp_path / "whole.json")
+    assert "hbm_floor_bandwidth" in run_cli(["report", str(whole), "--format", "csv"])[1]
+    code, out, _ = run_cli(["report", str(path), "--format", "csv"])
+    assert code == 0 and "hbm_floor_bandwidth" not in out and ",median," in out
+    code, out, _ = run_cli(["report", str(path), "--format", "markdown"])
+    assert code == 0 and "—" in out
+
+
 def test_a_time_far_under_the_physical_floor_is_refused(tmp_path, good):
     # Samples and summaries agree, but the bandwidth the floor is taken at says the bytes alone
     # need about 40x the times stored: no GPU measured those.
