@@ -6,7 +6,14 @@ keeps its traceback.
 
 import re
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# C0 and C1 controls (a NEL, \x85, ends a line for str.splitlines) and the Unicode line and
+# paragraph separators
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with each character that could end a line or does not print shown as its escape."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class UserError(ValueError):
@@ -16,4 +23,4 @@ class UserError(ValueError):
 
     def __init__(self, message: object = "", *args: object) -> None:
         text = str(message)
-        super().__init__(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text), *args)
+        super().__init__(one_line(text), *args)

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from moebench.errors import UserError
+from moebench.errors import UserError, one_line
 from moebench.record import VERSION
 
 
@@ -50,7 +50,7 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 def _fail(message: str, code: int = 2) -> None:
     if _interrupts:  # the error came after a Ctrl-C a library swallowed: the user stopped the command
         _interrupted()
-    print(f"moebench: {message}", file=sys.stderr)
+    print(f"moebench: {one_line(message)}", file=sys.stderr)
     sys.exit(code)
 
 

@@ -8,6 +8,7 @@ import click
 
 from moebench.choices import FLUSH_MODES
 from moebench.cli.common import balancedness_option, pdl_option, shapes_file_option, triton_config_option
+from moebench.errors import one_line
 from moebench.failures import RunFailed
 
 
@@ -36,7 +37,7 @@ def profile(shape, arm, calls, warmup, flush, variants, shapes_file, balancednes
     try:
         p = profile_arm(req, calls)
     except RunFailed as err:
-        click.echo(f"moebench: error: {err}", err=True)
+        click.echo(f"moebench: error: {one_line(str(err))}", err=True)
         raise click.exceptions.Exit(err.exit_code) from None
     par = next(x for x in p.parity if x.arm == p.arm)
     click.echo(f"{p.shape} {p.arm}: rel L2 {par.rel_l2:.2e} ok; {p.calls} calls after {p.warmup} warm-ups, "

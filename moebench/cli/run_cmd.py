@@ -15,7 +15,7 @@ from moebench.choices import (DEFAULT_PLACEMENT_MODE, DEFAULT_PLACEMENTS, DEFAUL
                               DETERMINISM_RUNS, FLUSH_MODES, ORDERS, REF_AA)
 from moebench.cli.common import (balancedness_option, max_fixture_gb_option, pdl_option, shape_option,
                                  shapes_file_option, triton_config_option, tuned_option, wide_option)
-from moebench.errors import UserError
+from moebench.errors import UserError, one_line
 from moebench.failures import audit_failure
 from moebench.timing.schedule import PLACEMENT_MODES
 from moebench.views.tables import findings_lines, make_console, print_tables
@@ -133,7 +133,7 @@ def run_command(ctx, shapes, shapes_file, balancedness, arms, builds, build_arm,
         else:
             result, path = run(req, log=log, progress_factory=progress)
     except (RunFailed, RunInterrupted) as err:
-        click.echo(f"moebench: {'error: ' if isinstance(err, RunFailed) else ''}{err}", err=True)
+        click.echo(f"moebench: {'error: ' if isinstance(err, RunFailed) else ''}{one_line(str(err))}", err=True)
         raise click.exceptions.Exit(err.exit_code) from None
     print_tables(result, console, wide=wide)
     console.print(f"saved {path}")

@@ -321,3 +321,12 @@ def test_a_ctrl_c_a_library_swallowed_still_ends_the_command_as_interrupted(then
     proc = subprocess.run([sys.executable, "-c", _SWALLOWING_COMMAND, then], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 130 and proc.stderr.strip() == "moebench: interrupted", (proc.returncode, proc.stderr)
+
+
+@pytest.mark.parametrize("value", ["\x85", "a\u2028b", "x\x0cy", "\x1e"])
+def test_a_value_with_a_line_break_of_any_kind_is_named_on_one_line(value):
+    # str.splitlines ends a line at NEL, the Unicode separators, form feeds and record separators
+    code, _, err = run_cli(["run", "--shape", "T8", "--arms", "triton", "--noise-from", value])
+    assert code == 2 and _one_line(err).startswith("moebench: error: --noise-from ")
+    code, _, err = run_cli(["report", value])
+    assert code == 2 and _one_line(err).startswith("moebench: ")
