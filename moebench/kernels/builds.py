@@ -27,7 +27,7 @@ import torch
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
-from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall
+from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall, RenamedArm
 from moebench.kernels.build_specs import (BuildSpec, ResolvedBuild, build_keyword, parse_build_spec,  # noqa: F401
                                           parse_define, read_at_revision, resolve_builds, resolve_revision, source_arms)
 from moebench.kernels.registry import arms_in, load_builtin_arms
@@ -81,7 +81,7 @@ def host_arm(b: ResolvedBuild) -> ArmFactory:
 
 # ---------------------------------------------------------------------------- the arm
 
-class BuildArm(Arm):
+class BuildArm(RenamedArm):
     """The family's arm, made from one build's source."""
 
     def __init__(self, build: ResolvedBuild, inner: Arm):
@@ -90,20 +90,11 @@ class BuildArm(Arm):
         where = f"git {build.revision} ({(build.commit or '')[:12]})" if build.revision else str(build.repo_path or build.path)
         self.description = f"{inner.description} [build {build.name}: {where}]"
 
-    def unavailable_reason(self, device: torch.device) -> str | None:
-        return self.inner.unavailable_reason(device)
-
-    def refuses(self, spec) -> str | None:
-        line = self.inner.refuses(spec)  # the family arm's limits, under this arm's name
-        own = f"{self.inner.name}: "
-        return None if line is None else f"{self.name}: {line[len(own):] if line.startswith(own) else line}"
-
     def prepare(self, fx: Fixture) -> PreparedCall:
         try:
             call = self.inner.prepare(fx)
         except UserError as err:  # the family arm's refusal, under this build's name
-            msg, own = str(err), f"{self.inner.name}: "
-            raise UserError(f"{self.name}: {msg[len(own):] if msg.startswith(own) else msg}") from None
+            raise UserError(self.renamed(str(err))) from None
         built = call.identity.get("build") if isinstance(call.identity, dict) else None
         if not isinstance(built, dict):
             raise RuntimeError(f"{self.name}: {self.inner.name} reports no build in its identity, so nothing "

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from moebench.errors import UserError
 from moebench.fixtures import Fixture
-from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall
+from moebench.kernels.api.arm import Arm, ArmFactory, PreparedCall, RenamedArm
 
 VARIANT_RE = re.compile(r"(?P<name>[A-Za-z0-9][\w.+-]*)=(?P<family>[\w.@+-]+)(?::(?P<body>.*))?")
 KEY_RE = re.compile(r"[A-Za-z_]\w*")
@@ -56,7 +56,7 @@ def parse_variant(text: str) -> VariantSpec:
     return VariantSpec(m["name"], m["family"], tuple(settings.items()))
 
 
-class VariantArm(Arm):
+class VariantArm(RenamedArm):
     """A family's arm made with other settings, under the variant's own name."""
 
     def __init__(self, spec: VariantSpec, inner: Arm, config_keys: frozenset[str]):
@@ -70,14 +70,6 @@ class VariantArm(Arm):
                 inner.config = dataclasses.replace(inner.config, **config)
             except (TypeError, ValueError) as err:
                 raise UserError(f"--variant {spec.name}: {err}") from None
-
-    def unavailable_reason(self, device) -> str | None:
-        return self.inner.unavailable_reason(device)
-
-    def refuses(self, spec) -> str | None:
-        line = self.inner.refuses(spec)  # the family arm's limits, under this arm's name
-        own = f"{self.inner.name}: "
-        return None if line is None else f"{self.name}: {line[len(own):] if line.startswith(own) else line}"
 
     def prepare(self, fx: Fixture) -> PreparedCall:
         call = self.inner.prepare(fx)

@@ -98,6 +98,25 @@ class Arm(ABC):
         return None
 
 
+class RenamedArm(Arm):
+    """A family's arm under a name of its own (a `--build`, a `--variant`): where and on what
+    geometry it runs are the family arm's (`inner`), said under this arm's name."""
+
+    inner: Arm
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        return self.inner.unavailable_reason(device)
+
+    def refuses(self, spec: ShapeSpec) -> str | None:
+        line = self.inner.refuses(spec)
+        return None if line is None else self.renamed(line)
+
+    def renamed(self, line: str) -> str:
+        """The family arm's one line (`inner: why`) as this arm's."""
+        own = f"{self.inner.name}: "
+        return f"{self.name}: {line[len(own):] if line.startswith(own) else line}"
+
+
 def geometry_refusals(arms, specs) -> dict[tuple[str, str], str]:
     """(shape, arm name) -> the line each arm refuses a shape's geometry with; a UserError when
     no arm can serve some shape (there would be nothing to run there)."""
