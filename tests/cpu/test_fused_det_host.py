@@ -15,17 +15,7 @@ from moebench.kernels.cuda import fused_arm
 from moebench.kernels.registry import make_arm
 from moebench.kernels.cuda.fused_arm import choose_stages
 from moebench.timing.audit import kernel_mismatch
-from test_fused_host import _cuobjdump
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    pytest.importorskip("cuda.core")
-    from moebench.kernels.cuda import nvrtc as cuda_build
-    monkeypatch.setenv("MOEBENCH_CACHE", str(tmp_path))
-    cuda_build.clear_memo()
-    yield
-    cuda_build.clear_memo()
+from test_fused_host import _cuobjdump, cache  # noqa: F401 - the compile cache fixture
 
 
 def _det_builds():
